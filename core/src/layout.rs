@@ -1,0 +1,300 @@
+//! The shared region of HAMi-core v1.2, byte for byte (x86_64, glibc).
+//!
+//! Every field that any process may touch is an atomic of the C field's size, so no Rust code ever
+//! holds a `&mut` to mapped memory and a peer's concurrent store is never undefined behaviour. The
+//! sizes are const generics: the ABI is `Region<1024, 16>`, models use `Region<3, 1>`.
+//!
+//! Extensions (bytes that upstream leaves unused and zero, documented in docs/protocols.md):
+//! - `ProcSlot::unused[0]` holds the owner's start tag (see [`crate::platform::ProcId`]), so a
+//!   slot whose pid was reused by an unrelated process is recognised as dead.
+
+use crate::sync::{AtomicI32, AtomicU32, AtomicU64, DataAtomicU64, DataAtomicU8, Ordering};
+
+/// `initialized_flag` value of a fully initialised region (`MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`).
+pub const MAGIC: i32 = 19_920_718;
+/// `initialized_flag` while an initialiser is writing the region (as PR 155's CAS init used).
+pub const INIT_IN_PROGRESS: i32 = 1;
+/// Region version written by this library (HAMi-core v1.2 layout).
+pub const MAJOR_VERSION: u32 = 1;
+/// See [`MAJOR_VERSION`].
+pub const MINOR_VERSION: u32 = 2;
+/// Process slots of the ABI region (`SHARED_REGION_MAX_PROCESS_NUM`).
+pub const ABI_SLOTS: usize = 1024;
+/// Devices of the ABI region (`CUDA_DEVICE_MAX_COUNT`).
+pub const ABI_DEVS: usize = 16;
+/// Bytes of one device UUID string.
+pub const UUID_LEN: usize = 96;
+
+/// Slot status values (`status` field).
+pub const STATUS_EXITED: i32 = 0;
+/// The slot's process runs.
+pub const STATUS_RUNNING: i32 = 1;
+/// The slot's process was asked to suspend (SIGUSR2 from `shrreg-tool --suspend`).
+pub const STATUS_SUSPENDED: i32 = 2;
+
+/// Storage of a glibc `sem_t` (32 bytes, align 8). Only the platform operates on it; the model
+/// platform identifies the semaphore by address.
+/// cbindgen:ignore
+#[repr(C, align(8))]
+pub struct RawSem {
+    /// The raw words; glibc keeps value and waiter count in `words[0]` and `private` in `words[1]`.
+    pub words: [DataAtomicU64; 4],
+}
+
+impl RawSem {
+    /// The `private` field of glibc's `sem_t`: 0x80 (shared futex) after `sem_init(s, 1, _)`,
+    /// 0 when the semaphore was never initialised for sharing (an all-zero `sem_t`).
+    pub fn glibc_private(&self) -> u32 {
+        self.words[1].load(Ordering::Relaxed) as u32
+    }
+
+    fn zeroed() -> Self {
+        RawSem {
+            words: core::array::from_fn(|_| DataAtomicU64::new(0)),
+        }
+    }
+}
+
+/// Per-device memory usage of one process (`device_memory_t`, 64 bytes).
+#[repr(C)]
+pub struct DeviceMemory {
+    /// Bytes of context memory (type 0).
+    pub context_size: AtomicU64,
+    /// Bytes of module memory (type 1).
+    pub module_size: AtomicU64,
+    /// Bytes of data allocations (type 2).
+    pub data_size: AtomicU64,
+    /// Upstream's `offset`; kept for layout, never written by us.
+    pub offset: AtomicU64,
+    /// Sum of the three kinds: what admission and every reader count.
+    pub total: AtomicU64,
+    /// Padding.
+    pub unused: [DataAtomicU64; 3],
+}
+
+/// Per-device utilisation of one process (`device_util_t`, 48 bytes).
+#[repr(C)]
+pub struct DeviceUtil {
+    /// Decoder utilisation (never written upstream).
+    pub dec_util: DataAtomicU64,
+    /// Encoder utilisation (never written upstream).
+    pub enc_util: DataAtomicU64,
+    /// SM utilisation in percent, from NVML.
+    pub sm_util: DataAtomicU64,
+    /// Padding.
+    pub unused: [DataAtomicU64; 3],
+}
+
+/// One process's slot (`shrreg_proc_slot_t`, 1960 bytes for 16 devices).
+#[repr(C)]
+pub struct ProcSlot<const DEVS: usize> {
+    /// Container-namespace pid of the owner; 0 for a free slot.
+    pub pid: AtomicI32,
+    /// Host pid (as NVML reports it); 0 while unknown.
+    pub hostpid: AtomicI32,
+    /// Memory usage per device (region device index).
+    pub used: [DeviceMemory; DEVS],
+    /// NVML-reported usage per device, written by the watcher.
+    pub monitorused: [DataAtomicU64; DEVS],
+    /// Utilisation per device.
+    pub device_util: [DeviceUtil; DEVS],
+    /// [`STATUS_EXITED`], [`STATUS_RUNNING`] or [`STATUS_SUSPENDED`].
+    pub status: AtomicI32,
+    /// C struct padding.
+    pub padding: AtomicI32,
+    /// Per-slot sequence lock: odd while the owner writes `used`.
+    pub seqlock: AtomicU64,
+    /// `unused[0]`: the owner's start tag (our extension); `unused[1]`: free.
+    pub unused: [AtomicU64; 2],
+}
+
+/// The whole shared region (`shared_region_t`, 2,008,952 bytes for 1024 slots and 16 devices).
+#[repr(C)]
+pub struct Region<const SLOTS: usize, const DEVS: usize> {
+    /// [`MAGIC`] once initialised.
+    pub initialized_flag: AtomicI32,
+    /// [`MAJOR_VERSION`] of the initialiser.
+    pub major_version: AtomicU32,
+    /// [`MINOR_VERSION`] of the initialiser.
+    pub minor_version: AtomicU32,
+    /// Upstream's SM-limit-scale flag (used by no caller).
+    pub sm_init_flag: AtomicI32,
+    /// Holder of `sem`: pid in the low 32 bits, start tag above (0 for C peers).
+    pub owner_pid: AtomicU64,
+    /// Process-shared semaphore guarding slot-table changes.
+    pub sem: RawSem,
+    /// Number of devices whose UUIDs are recorded.
+    pub device_num: AtomicU64,
+    /// Device UUID strings (NUL-terminated).
+    pub uuids: [[DataAtomicU8; UUID_LEN]; DEVS],
+    /// Memory limit per device in bytes; 0 means unlimited.
+    pub limit: [AtomicU64; DEVS],
+    /// SM limit per device in percent.
+    pub sm_limit: [AtomicU64; DEVS],
+    /// The process slots; `[0, proc_num)` are in use or holes.
+    pub procs: [ProcSlot<DEVS>; SLOTS],
+    /// High-water mark of the slot table.
+    pub proc_num: AtomicI32,
+    /// Whether the SM limiter is active (toggled by HAMi's monitor).
+    pub utilization_switch: AtomicI32,
+    /// Priority gate: the monitor sets -1 to block lower-priority tasks.
+    pub recent_kernel: AtomicI32,
+    /// `CUDA_TASK_PRIORITY` of the initialiser.
+    pub priority: AtomicI32,
+    /// Epoch seconds of the last kernel launch.
+    pub last_kernel_time: AtomicU64,
+    /// Semaphore upstream uses to serialise host-pid discovery.
+    pub sem_postinit: RawSem,
+}
+
+/// The ABI instance: exactly HAMi-core v1.2's `shared_region_t`.
+pub type SharedRegion = Region<ABI_SLOTS, ABI_DEVS>;
+/// The ABI slot: exactly HAMi-core v1.2's `shrreg_proc_slot_t`.
+pub type SharedProcSlot = ProcSlot<ABI_DEVS>;
+
+fn zeroed_u64s<const N: usize>() -> [AtomicU64; N] {
+    core::array::from_fn(|_| AtomicU64::new(0))
+}
+
+fn zeroed_data<const N: usize>() -> [DataAtomicU64; N] {
+    core::array::from_fn(|_| DataAtomicU64::new(0))
+}
+
+impl DeviceMemory {
+    fn zeroed() -> Self {
+        DeviceMemory {
+            context_size: AtomicU64::new(0),
+            module_size: AtomicU64::new(0),
+            data_size: AtomicU64::new(0),
+            offset: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            unused: zeroed_data(),
+        }
+    }
+}
+
+impl DeviceUtil {
+    fn zeroed() -> Self {
+        DeviceUtil {
+            dec_util: DataAtomicU64::new(0),
+            enc_util: DataAtomicU64::new(0),
+            sm_util: DataAtomicU64::new(0),
+            unused: zeroed_data(),
+        }
+    }
+}
+
+impl<const DEVS: usize> ProcSlot<DEVS> {
+    fn zeroed() -> Self {
+        ProcSlot {
+            pid: AtomicI32::new(0),
+            hostpid: AtomicI32::new(0),
+            used: core::array::from_fn(|_| DeviceMemory::zeroed()),
+            monitorused: zeroed_data(),
+            device_util: core::array::from_fn(|_| DeviceUtil::zeroed()),
+            status: AtomicI32::new(0),
+            padding: AtomicI32::new(0),
+            seqlock: AtomicU64::new(0),
+            unused: zeroed_u64s(),
+        }
+    }
+}
+
+impl<const SLOTS: usize, const DEVS: usize> Region<SLOTS, DEVS> {
+    /// Size of the region in bytes (the mmap length; the file is one byte longer).
+    pub const SIZE: usize = core::mem::size_of::<Self>();
+
+    /// An all-zero region, as a freshly created file maps. For models and small tests; the ABI
+    /// region is only ever a mapping, never a value.
+    pub fn zeroed() -> Self {
+        Region {
+            initialized_flag: AtomicI32::new(0),
+            major_version: AtomicU32::new(0),
+            minor_version: AtomicU32::new(0),
+            sm_init_flag: AtomicI32::new(0),
+            owner_pid: AtomicU64::new(0),
+            sem: RawSem::zeroed(),
+            device_num: AtomicU64::new(0),
+            uuids: core::array::from_fn(|_| core::array::from_fn(|_| DataAtomicU8::new(0))),
+            limit: zeroed_u64s(),
+            sm_limit: zeroed_u64s(),
+            procs: core::array::from_fn(|_| ProcSlot::zeroed()),
+            proc_num: AtomicI32::new(0),
+            utilization_switch: AtomicI32::new(0),
+            recent_kernel: AtomicI32::new(0),
+            priority: AtomicI32::new(0),
+            last_kernel_time: AtomicU64::new(0),
+            sem_postinit: RawSem::zeroed(),
+        }
+    }
+
+    /// `proc_num` clamped to `[0, SLOTS]`: a peer may have written garbage there.
+    pub fn proc_num_bounded(&self) -> usize {
+        let n = self.proc_num.load(Ordering::Acquire);
+        (n.max(0) as usize).min(SLOTS)
+    }
+
+    /// The slots that may be in use, `[0, proc_num)`, bounded.
+    pub fn live_range(&self) -> &[ProcSlot<DEVS>] {
+        &self.procs[..self.proc_num_bounded()]
+    }
+}
+
+/// The byte layout, pinned. A second, independent statement of these numbers lives in
+/// `c-tests/layout.c`, which checks the generated C header against them.
+#[cfg(not(any(loom, shuttle)))]
+mod pinned {
+    use super::*;
+    use core::mem::{align_of, offset_of, size_of};
+    use static_assertions::const_assert_eq;
+
+    const_assert_eq!(size_of::<RawSem>(), 32);
+    const_assert_eq!(align_of::<RawSem>(), 8);
+
+    const_assert_eq!(size_of::<DeviceMemory>(), 64);
+    const_assert_eq!(align_of::<DeviceMemory>(), 8);
+    const_assert_eq!(offset_of!(DeviceMemory, context_size), 0);
+    const_assert_eq!(offset_of!(DeviceMemory, module_size), 8);
+    const_assert_eq!(offset_of!(DeviceMemory, data_size), 16);
+    const_assert_eq!(offset_of!(DeviceMemory, offset), 24);
+    const_assert_eq!(offset_of!(DeviceMemory, total), 32);
+    const_assert_eq!(offset_of!(DeviceMemory, unused), 40);
+
+    const_assert_eq!(size_of::<DeviceUtil>(), 48);
+    const_assert_eq!(offset_of!(DeviceUtil, dec_util), 0);
+    const_assert_eq!(offset_of!(DeviceUtil, enc_util), 8);
+    const_assert_eq!(offset_of!(DeviceUtil, sm_util), 16);
+    const_assert_eq!(offset_of!(DeviceUtil, unused), 24);
+
+    const_assert_eq!(size_of::<SharedProcSlot>(), 1960);
+    const_assert_eq!(align_of::<SharedProcSlot>(), 8);
+    const_assert_eq!(offset_of!(SharedProcSlot, pid), 0);
+    const_assert_eq!(offset_of!(SharedProcSlot, hostpid), 4);
+    const_assert_eq!(offset_of!(SharedProcSlot, used), 8);
+    const_assert_eq!(offset_of!(SharedProcSlot, monitorused), 1032);
+    const_assert_eq!(offset_of!(SharedProcSlot, device_util), 1160);
+    const_assert_eq!(offset_of!(SharedProcSlot, status), 1928);
+    const_assert_eq!(offset_of!(SharedProcSlot, padding), 1932);
+    const_assert_eq!(offset_of!(SharedProcSlot, seqlock), 1936);
+    const_assert_eq!(offset_of!(SharedProcSlot, unused), 1944);
+
+    const_assert_eq!(size_of::<SharedRegion>(), 2_008_952);
+    const_assert_eq!(align_of::<SharedRegion>(), 8);
+    const_assert_eq!(offset_of!(SharedRegion, initialized_flag), 0);
+    const_assert_eq!(offset_of!(SharedRegion, major_version), 4);
+    const_assert_eq!(offset_of!(SharedRegion, minor_version), 8);
+    const_assert_eq!(offset_of!(SharedRegion, sm_init_flag), 12);
+    const_assert_eq!(offset_of!(SharedRegion, owner_pid), 16);
+    const_assert_eq!(offset_of!(SharedRegion, sem), 24);
+    const_assert_eq!(offset_of!(SharedRegion, device_num), 56);
+    const_assert_eq!(offset_of!(SharedRegion, uuids), 64);
+    const_assert_eq!(offset_of!(SharedRegion, limit), 1600);
+    const_assert_eq!(offset_of!(SharedRegion, sm_limit), 1728);
+    const_assert_eq!(offset_of!(SharedRegion, procs), 1856);
+    const_assert_eq!(offset_of!(SharedRegion, proc_num), 2_008_896);
+    const_assert_eq!(offset_of!(SharedRegion, utilization_switch), 2_008_900);
+    const_assert_eq!(offset_of!(SharedRegion, recent_kernel), 2_008_904);
+    const_assert_eq!(offset_of!(SharedRegion, priority), 2_008_908);
+    const_assert_eq!(offset_of!(SharedRegion, last_kernel_time), 2_008_912);
+    const_assert_eq!(offset_of!(SharedRegion, sem_postinit), 2_008_920);
+}

@@ -1,0 +1,1 @@
+//! libvgpu.so: HAMi-core's preload library, in Rust.
