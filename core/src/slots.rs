@@ -1,1 +1,172 @@
-//! (being written)
+//! The slot table: claim, release on exit, lazy reaping, finding our slot again.
+//!
+//! What the C original gets wrong, and how this rules it out:
+//! - B3, B4: removing a slot compacts the table (the last slot moves into the hole), so every
+//!   other process's cached slot pointer goes stale and their usage lands in someone else's slot.
+//!   Here no slot ever moves: a claim reuses a hole (pid 0) or appends; reaping makes holes.
+//! - B18: the table-full check runs before dead slots are cleared, so a full table of dead
+//!   processes refuses everyone (then `exit`). Here a full table is reaped, then retried, and a
+//!   still-full table is an error the caller survives.
+//! - B19: the exit handler leaves the usage counted until someone compacts. Here release zeroes
+//!   the usage before freeing the slot; reaping does the same for SIGKILLed processes.
+//! - B13: a slot with our pid from a previous incarnation (a crash loop in a PID namespace) is
+//!   ours only after its usage is reset; its start tag tells it apart from a live us.
+//! - A C peer may still move our slot. [`find_own`] re-validates the cached index (pid and tag)
+//!   and searches again when it no longer matches.
+//!
+//! Claims and reaps run under the owner lock ([`crate::lock::OwnerGuard`]); release on exit runs
+//! without it, with atomics only, so it is async-signal-safe.
+
+use crate::layout::{ProcSlot, Region, STATUS_EXITED, STATUS_RUNNING};
+use crate::lock::OwnerGuard;
+use crate::platform::{Liveness, Platform, ProcId};
+use crate::seqlock;
+use crate::sync::Ordering;
+
+/// Dead slots one [`reap`] call examines and frees at most, so the work per call is bounded.
+pub const REAP_BATCH: usize = 16;
+
+/// Why no slot could be claimed; the process runs without a slot (its usage is then enforced
+/// within the process only) and says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimError {
+    /// All slots belong to live processes.
+    TableFull,
+}
+
+/// The identity recorded in a slot: its pid and the start tag in `unused[0]`.
+pub fn slot_owner<const D: usize>(slot: &ProcSlot<D>) -> ProcId {
+    let pid = slot.pid.load(Ordering::Acquire);
+    let tag = slot.unused[0].load(Ordering::Relaxed) as u32;
+    ProcId::new(pid, tag)
+}
+
+/// Whether `slot` belongs to `me`. A slot written by a C peer carries tag 0 and matches by pid.
+fn owned_by<const D: usize>(slot: &ProcSlot<D>, me: ProcId) -> bool {
+    let owner = slot_owner(slot);
+    owner.pid() == me.pid() && (owner.tag() == me.tag() || owner.tag() == 0)
+}
+
+/// Resets every field of a slot and gives it to `me`; the pid is stored last, with release.
+fn occupy<const D: usize>(slot: &ProcSlot<D>, me: ProcId) {
+    slot.pid.store(0, Ordering::Release);
+    seqlock::force_zero(slot);
+    slot.seqlock.store(0, Ordering::Relaxed);
+    slot.hostpid.store(0, Ordering::Relaxed);
+    for m in &slot.monitorused {
+        m.store(0, Ordering::Relaxed);
+    }
+    for u in &slot.device_util {
+        u.sm_util.store(0, Ordering::Relaxed);
+    }
+    slot.status.store(STATUS_RUNNING, Ordering::Relaxed);
+    slot.unused[0].store(u64::from(me.tag()), Ordering::Relaxed);
+    slot.pid.store(me.pid(), Ordering::Release);
+}
+
+/// Claims a slot for `guard`'s owner: its own slot from a previous incarnation or an earlier
+/// claim, else a hole, else a new slot at the end; if the table is full, reaps and retries once.
+/// Returns the slot index.
+pub fn claim<P: Platform, const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    platform: &P,
+    guard: &OwnerGuard<'_, P, S, D>,
+) -> Result<usize, ClaimError> {
+    let me = guard.owner();
+    for attempt in 0..2 {
+        let n = region.proc_num_bounded();
+        let live = &region.procs[..n];
+        let reuse = live
+            .iter()
+            .position(|s| s.pid.load(Ordering::Acquire) == me.pid())
+            .or_else(|| live.iter().position(|s| s.pid.load(Ordering::Acquire) == 0));
+        if let Some(i) = reuse {
+            occupy(&region.procs[i], me);
+            return Ok(i);
+        }
+        if n < S {
+            occupy(&region.procs[n], me);
+            region.proc_num.store(n as i32 + 1, Ordering::Release);
+            return Ok(n);
+        }
+        if attempt == 0 && reap(region, platform, guard) == 0 {
+            break;
+        }
+    }
+    Err(ClaimError::TableFull)
+}
+
+/// Frees the slot of an exiting process: zero its usage, mark it exited, then pid 0. Atomics
+/// only, no lock, no waiting, so it may run in a signal handler that interrupted our own writer.
+/// Does nothing unless the slot is still `me`'s.
+pub fn release_on_exit<const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    index: usize,
+    me: ProcId,
+) {
+    let Some(slot) = region.procs.get(index) else {
+        return;
+    };
+    if !owned_by(slot, me) {
+        return;
+    }
+    free(slot);
+}
+
+/// Zeroes a slot's usage and marks it free.
+fn free<const D: usize>(slot: &ProcSlot<D>) {
+    seqlock::force_zero(slot);
+    slot.status.store(STATUS_EXITED, Ordering::Relaxed);
+    slot.unused[0].store(0, Ordering::Relaxed);
+    slot.pid.store(0, Ordering::Release);
+}
+
+/// Frees up to [`REAP_BATCH`] slots whose processes are dead, and zeroes the usage that C peers'
+/// exit handlers leave in freed slots. Returns how many slots it freed.
+pub fn reap<P: Platform, const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    platform: &P,
+    guard: &OwnerGuard<'_, P, S, D>,
+) -> usize {
+    let me = guard.owner();
+    let mut freed = 0;
+    for slot in region.live_range() {
+        if freed == REAP_BATCH {
+            break;
+        }
+        let owner = slot_owner(slot);
+        if owner.pid() == 0 {
+            if slot
+                .used
+                .iter()
+                .any(|m| m.total.load(Ordering::Relaxed) != 0)
+            {
+                seqlock::force_zero(slot);
+            }
+            continue;
+        }
+        if owner == me {
+            continue;
+        }
+        if platform.liveness(owner) == Liveness::Dead {
+            free(slot);
+            freed += 1;
+        }
+    }
+    freed
+}
+
+/// Finds `me`'s slot: `cached` if it still holds our pid and tag, else a search of the table
+/// (a C peer may have moved it). `None` if we have no slot.
+pub fn find_own<const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    cached: usize,
+    me: ProcId,
+) -> Option<usize> {
+    if let Some(slot) = region.procs.get(cached) {
+        if cached < region.proc_num_bounded() && owned_by(slot, me) {
+            return Some(cached);
+        }
+    }
+    region.live_range().iter().position(|s| owned_by(s, me))
+}

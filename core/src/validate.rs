@@ -200,18 +200,27 @@ mod tests {
         assert_eq!(classify(&h, file(SIZE + 1), SIZE), Ok(Verdict::Ready));
         assert_eq!(classify(&h, file(SIZE), SIZE), Ok(Verdict::Ready));
         // A v1.2 file that an L1 process extended is still ours.
-        assert_eq!(classify(&h, file(SIZE + L1_SHIFT + 1), SIZE), Ok(Verdict::Ready));
+        assert_eq!(
+            classify(&h, file(SIZE + L1_SHIFT + 1), SIZE),
+            Ok(Verdict::Ready)
+        );
     }
 
     #[test]
     fn interrupted_init_is_recognised() {
         let h = header(INIT_IN_PROGRESS, 1, 2);
-        assert_eq!(classify(&h, file(SIZE + 1), SIZE), Ok(Verdict::InitInterrupted));
+        assert_eq!(
+            classify(&h, file(SIZE + 1), SIZE),
+            Ok(Verdict::InitInterrupted)
+        );
     }
 
     #[test]
     fn l0_is_legacy_at_its_own_size_and_when_extended_by_l1() {
-        assert_eq!(classify(&l0_header(2), file(SIZE + 1), SIZE), Ok(Verdict::LegacyV11));
+        assert_eq!(
+            classify(&l0_header(2), file(SIZE + 1), SIZE),
+            Ok(Verdict::LegacyV11)
+        );
         assert_eq!(
             classify(&l0_header(16), file(SIZE + L1_SHIFT + 1), SIZE),
             Ok(Verdict::LegacyV11)
@@ -244,7 +253,9 @@ mod tests {
         );
         assert_eq!(
             classify(&h, file(SIZE + 2), SIZE),
-            Err(Refusal::WrongSize { len: (SIZE + 2) as u64 })
+            Err(Refusal::WrongSize {
+                len: (SIZE + 2) as u64
+            })
         );
         assert_eq!(
             classify(&header(MAGIC, 2, 0), file(SIZE + 1), SIZE),
@@ -257,7 +268,9 @@ mod tests {
         // A short header with a plausible length cannot be judged.
         assert_eq!(
             classify(&h[..10], file(SIZE + 1), SIZE),
-            Err(Refusal::Truncated { len: (SIZE + 1) as u64 })
+            Err(Refusal::Truncated {
+                len: (SIZE + 1) as u64
+            })
         );
     }
 
