@@ -1,7 +1,7 @@
 //! Admission: reserving memory against the limit so that it holds across processes that allocate
 //! at the same instant.
 //!
-//! The C original checks the aggregate and then adds (B20, check-then-act), so two processes
+//! The C original checks the aggregate and then adds (B11, check-then-act), so two processes
 //! that both see room both allocate and the limit is overshot. Here a process first *reserves*
 //! in its own slot, then reads the aggregate, and rolls back on excess. Both the reservation and
 //! the aggregate's loads are separated by a SeqCst fence, so of two concurrent reservers at least

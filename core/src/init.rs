@@ -1,9 +1,9 @@
 //! Region initialisation: exactly one initialiser, safe beside C peers, tolerant of crashes.
 //!
 //! The C original initialises under `lockf` on the region's bytes and publishes the magic last;
-//! PR 155 elected its initialiser by CAS on the flag without the lock, so C initialisers and CAS
-//! initialisers could both write (bug B5), and a crashed CAS winner left the flag at "in progress"
-//! forever (B6). Here both mechanisms are used together: the initialiser holds the same `lockf`
+//! PR 155 elected its initialiser by CAS on the flag without the lock, so a crashed CAS winner left
+//! the flag at "in progress" and everyone after it ran on an uninitialised region (bug B20). Here
+//! both mechanisms are used together: the initialiser holds the same `lockf`
 //! as C peers (they never see a half-written region, because they either hold the lock or check the
 //! magic first) and moves the flag by CAS from what it observed to [`INIT_IN_PROGRESS`], then to
 //! [`MAGIC`] with release ordering. A flag found at [`INIT_IN_PROGRESS`] while holding the lock

@@ -2,15 +2,21 @@
 //! the slot table.
 //!
 //! What the C original gets wrong, and how this rules it out:
-//! - B7, B8: a timeout with no recorded owner ends in `exit(-1)`, and a live owner is waited for
-//!   forever. Here every acquisition has a deadline and returns [`LockError::Timeout`].
-//! - B9: recovery from a dead owner is a CAS of `owner_pid` from the dead identity to 0, and only
-//!   the CAS winner posts the semaphore, so the dead owner's token comes back exactly once.
-//! - B10: unlock posts unconditionally, even for a caller that does not own the lock. Here
-//!   release posts only if its CAS from our identity to 0 succeeds; if someone recovered the lock
-//!   from us (we stalled past the grace period), nothing is posted.
-//! - B11: `exit_handler` posts the semaphore from an atexit handler. We never post from exit or
+//! - A timeout with no recorded owner ends in `exit(-1)`, and a live owner is waited for forever
+//!   (section 2.1 of the reference; B20). Here every acquisition has a deadline and returns
+//!   [`LockError::Timeout`]; B17's stale deadline cannot happen since time is read every round.
+//! - Recovery from a dead owner is a CAS of `owner_pid` from the dead identity to 0, and only the
+//!   CAS winner posts the semaphore, so the dead owner's token comes back exactly once.
+//! - Unlock posts unconditionally, even for a caller that does not own the lock. Here release
+//!   posts only if its CAS from our identity to 0 succeeds; if someone recovered the lock from us
+//!   (we stalled past the grace period), nothing is posted.
+//! - B15: `exit_handler` posts the semaphore held by another thread. We never post from exit or
 //!   signal paths; a lock held at death is recovered by the survivors.
+//! - B13: a new process with the pid of a dead owner is not that owner: identities carry a start
+//!   tag, and a same-pid, other-tag owner is dead.
+//! - B16: an owner whose liveness cannot be read (EMFILE, no `/proc`) is [`Liveness::Unknown`],
+//!   never dead, so a live owner's lock is not stolen.
+//! - B19: an interrupted wait sleeps (back-off) instead of spinning.
 //! - B12: a holder that dies between `sem_wait` and storing `owner_pid`, or between clearing it and
 //!   `sem_post`, loses the token with `owner_pid == 0`: the original then exits after 310 s. Here a
 //!   waiter that sees `owner_pid == 0`, the semaphore at 0 and nobody inside the *window* for a
@@ -25,7 +31,7 @@
 //! between its `sem_timedwait` and its store of `owner_pid`.
 
 use crate::layout::Region;
-use crate::platform::{Platform, Problem, ProcId, SemWait};
+use crate::platform::{Liveness, Platform, Problem, ProcId, SemWait};
 use crate::sync::Ordering;
 
 /// Timing of [`acquire`]. The defaults suit slot-table changes, which take microseconds.
@@ -168,7 +174,7 @@ fn recover_dead_owner<P: Platform, const S: usize, const D: usize>(
     platform: &P,
     owner: ProcId,
 ) {
-    if platform.liveness(owner) != crate::platform::Liveness::Dead {
+    if platform.liveness(owner) != Liveness::Dead {
         return;
     }
     platform.window_enter();

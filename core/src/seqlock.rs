@@ -5,14 +5,15 @@
 //! snapshot of one device's counters (`total` and the per-kind fields) consistent.
 //!
 //! What the C original gets wrong, and how this rules it out:
-//! - B15: several threads of one process write the same slot at once (the context path is not
+//! - B9: several threads of one process write the same slot at once (the context path is not
 //!   under the allocator mutex), so the sequence number can be even mid-write. Here a writer
 //!   enters by CAS from even to odd, so one writer per slot at a time.
-//! - B16: the reader spins forever (`usleep(100)` in a loop) on a slot whose writer died with the
-//!   sequence odd. Here the reader gives up after [`READ_RETRIES`] and returns the value it sees,
-//!   marked inconsistent, which the caller reports once.
-//! - B17: `fetch_sub` without a guard wraps a counter to 2^64 - n. Here a release saturates at 0
-//!   and says so.
+//! - B8, B6: the reader spins forever on a slot whose writer died with the sequence odd (or whose
+//!   odd sequence a compaction copied). Here the reader gives up after [`READ_RETRIES`] and
+//!   returns the value it sees, marked inconsistent, which the caller reports once; a writer that
+//!   finds its own sequence stuck odd takes it over after [`WRITE_SPINS`].
+//! - B3's underflow: `fetch_sub` without a guard wraps a counter to 2^64 - n. Here a release
+//!   saturates at 0 and says so.
 //!
 //! Orderings (Boehm, "Can seqlocks get along with programming language memory models?"):
 //! writer: CAS even→odd (acquire), release fence, data, store even (release); reader: load

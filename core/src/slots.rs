@@ -1,16 +1,17 @@
 //! The slot table: claim, release on exit, lazy reaping, finding our slot again.
 //!
 //! What the C original gets wrong, and how this rules it out:
-//! - B3, B4: removing a slot compacts the table (the last slot moves into the hole), so every
-//!   other process's cached slot pointer goes stale and their usage lands in someone else's slot.
-//!   Here no slot ever moves: a claim reuses a hole (pid 0) or appends; reaping makes holes.
-//! - B18: the table-full check runs before dead slots are cleared, so a full table of dead
+//! - B3, B4, B5, B6: removing a slot compacts the table (the last slot moves into the hole, with
+//!   or without the lock), so other processes' cached slots go stale, usage is counted twice or
+//!   lost, and an odd seqlock is copied. Here no slot ever moves: a claim reuses a hole (pid 0) or
+//!   appends; reaping makes holes.
+//! - B30: the table-full check runs before dead slots are cleared, so a table full of dead
 //!   processes refuses everyone (then `exit`). Here a full table is reaped, then retried, and a
 //!   still-full table is an error the caller survives.
-//! - B19: the exit handler leaves the usage counted until someone compacts. Here release zeroes
-//!   the usage before freeing the slot; reaping does the same for SIGKILLed processes.
-//! - B13: a slot with our pid from a previous incarnation (a crash loop in a PID namespace) is
-//!   ours only after its usage is reset; its start tag tells it apart from a live us.
+//! - B7: the exit handler leaves the usage counted. Here release zeroes the usage before freeing
+//!   the slot; reaping does the same for SIGKILLed processes and for slots C peers freed.
+//! - B21, B22: a dead process's slot whose pid now belongs to an unrelated process is dead by its
+//!   start tag, and is reaped; a reused slot has every field reset, `hostpid` included.
 //! - A C peer may still move our slot. [`find_own`] re-validates the cached index (pid and tag)
 //!   and searches again when it no longer matches.
 //!
