@@ -7,6 +7,9 @@
 //! Extensions (bytes that upstream leaves unused and zero, documented in docs/protocols.md):
 //! - `ProcSlot::unused[0]` holds the owner's start tag (see [`crate::platform::ProcId`]), so a
 //!   slot whose pid was reused by an unrelated process is recognised as dead.
+//! - The last 32 bytes of each 96-byte UUID entry hold that device's SM token bucket
+//!   ([`SmBucket`]). UUIDs are 40-character strings (`GPU-` + 36), written NUL-terminated by NVML,
+//!   so C peers and HAMi's monitor, which read them as strings, never look past byte 64.
 
 use crate::sync::{AtomicI32, AtomicU32, AtomicU64, DataAtomicU64, DataAtomicU8, Ordering};
 
@@ -53,6 +56,34 @@ impl RawSem {
             words: core::array::from_fn(|_| DataAtomicU64::new(0)),
         }
     }
+}
+
+/// Bytes of a UUID entry that hold the string; the rest is the [`SmBucket`].
+pub const UUID_TEXT_LEN: usize = 64;
+
+/// The SM-limit token bucket of one device, shared by every process of the region (our
+/// extension, in the UUID entry's tail; see the module docs).
+#[repr(C)]
+pub struct SmBucket {
+    /// Tokens available (an `i64` stored as bits: negative is debt).
+    pub tokens: AtomicU64,
+    /// Refill rate in tokens per second, set by the controller.
+    pub rate: AtomicU64,
+    /// Monotonic nanoseconds of the last refill.
+    pub refilled_ns: AtomicU64,
+    /// Controller lease: holder pid in the high 32 bits, expiry in monotonic milliseconds
+    /// (wrapping) in the low 32.
+    pub lease: AtomicU64,
+}
+
+/// One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string, then our
+/// bucket.
+#[repr(C)]
+pub struct DeviceUuid {
+    /// NUL-terminated UUID string.
+    pub text: [DataAtomicU8; UUID_TEXT_LEN],
+    /// The device's SM token bucket.
+    pub bucket: SmBucket,
 }
 
 /// Per-device memory usage of one process (`device_memory_t`, 64 bytes).
@@ -125,8 +156,8 @@ pub struct Region<const SLOTS: usize, const DEVS: usize> {
     pub sem: RawSem,
     /// Number of devices whose UUIDs are recorded.
     pub device_num: AtomicU64,
-    /// Device UUID strings (NUL-terminated).
-    pub uuids: [[DataAtomicU8; UUID_LEN]; DEVS],
+    /// Device UUID strings (NUL-terminated), each followed by the device's SM bucket.
+    pub uuids: [DeviceUuid; DEVS],
     /// Memory limit per device in bytes; 0 means unlimited.
     pub limit: [AtomicU64; DEVS],
     /// SM limit per device in percent.
@@ -215,7 +246,15 @@ impl<const SLOTS: usize, const DEVS: usize> Region<SLOTS, DEVS> {
             owner_pid: AtomicU64::new(0),
             sem: RawSem::zeroed(),
             device_num: AtomicU64::new(0),
-            uuids: core::array::from_fn(|_| core::array::from_fn(|_| DataAtomicU8::new(0))),
+            uuids: core::array::from_fn(|_| DeviceUuid {
+                text: core::array::from_fn(|_| DataAtomicU8::new(0)),
+                bucket: SmBucket {
+                    tokens: AtomicU64::new(0),
+                    rate: AtomicU64::new(0),
+                    refilled_ns: AtomicU64::new(0),
+                    lease: AtomicU64::new(0),
+                },
+            }),
             limit: zeroed_u64s(),
             sm_limit: zeroed_u64s(),
             procs: core::array::from_fn(|_| ProcSlot::zeroed()),
@@ -250,6 +289,10 @@ mod pinned {
 
     const_assert_eq!(size_of::<RawSem>(), 32);
     const_assert_eq!(align_of::<RawSem>(), 8);
+
+    const_assert_eq!(size_of::<DeviceUuid>(), UUID_LEN);
+    const_assert_eq!(offset_of!(DeviceUuid, bucket), UUID_TEXT_LEN);
+    const_assert_eq!(size_of::<SmBucket>(), 32);
 
     const_assert_eq!(size_of::<DeviceMemory>(), 64);
     const_assert_eq!(align_of::<DeviceMemory>(), 8);

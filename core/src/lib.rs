@@ -13,12 +13,14 @@
 //! - [`slots`]: claim, release on exit, lazy reaping.
 //! - [`seqlock`]: per-slot accounting writer and reader.
 //! - [`admission`]: reserve/release against the limit across processes.
+//! - [`bucket`]: the region-wide SM token bucket and its controller.
 //! - [`envparse`]: HAMi-core's size syntax (`1g`, `1024m`, `0x...`), strictly.
 #![no_std]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admission;
+pub mod bucket;
 pub mod envparse;
 pub mod init;
 pub mod layout;

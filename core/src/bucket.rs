@@ -1,0 +1,230 @@
+//! The SM limit: one token bucket per device for the whole region, and the controller that sets
+//! its refill rate from utilisation samples.
+//!
+//! Upstream keeps one bucket per process, sized from core counts, and nudges it by a fixed step
+//! per 120 ms; on an H200 a 25% limit still left 89% of the throughput. Here every process of the
+//! region draws from the device's shared bucket ([`crate::layout::SmBucket`]) with a launch's
+//! block count as its cost, so N processes share one budget, and the controller is multiplicative
+//! (the refill rate is scaled by target/measured, damped), so it converges whatever a token is
+//! worth on the GPU at hand. A rate of 0 means "not yet calibrated": launches pass, and the first
+//! controller step calibrates from the consumption it observed.
+
+use crate::layout::SmBucket;
+use crate::platform::Platform;
+use crate::sync::Ordering;
+
+/// Burst the bucket holds, in seconds of refill.
+const BURST_NS: u64 = 50_000_000;
+/// Longest a single launch waits for tokens (a stalled controller must not stall the program).
+const MAX_WAIT_NS: u64 = 2_000_000_000;
+/// Longest single sleep while waiting.
+const MAX_SLEEP_NS: u64 = 20_000_000;
+
+fn tokens(b: &SmBucket) -> i64 {
+    b.tokens.load(Ordering::Relaxed) as i64
+}
+
+/// Adds the tokens earned since the last refill (one process wins each refill by CAS), capped
+/// at the burst size.
+pub fn refill(b: &SmBucket, now_ns: u64) {
+    let rate = b.rate.load(Ordering::Relaxed);
+    let last = b.refilled_ns.load(Ordering::Relaxed);
+    if now_ns <= last
+        || b.refilled_ns
+            .compare_exchange(last, now_ns, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    if rate == 0 {
+        return;
+    }
+    let earned = (u128::from(rate) * u128::from(now_ns - last) / 1_000_000_000) as i64;
+    let cap = (u128::from(rate) * u128::from(BURST_NS) / 1_000_000_000) as i64;
+    let mut cur = tokens(b);
+    loop {
+        let next = cur.saturating_add(earned).min(cap.max(cur));
+        match b.tokens.compare_exchange_weak(
+            cur as u64,
+            next as u64,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return,
+            Err(now) => cur = now as i64,
+        }
+    }
+}
+
+/// Takes `cost` tokens for a launch, waiting (sleeping, bounded) while the bucket is in debt.
+/// Returns the nanoseconds waited.
+pub fn consume<P: Platform>(b: &SmBucket, platform: &P, cost: u64) -> u64 {
+    let start = platform.now_ns();
+    refill(b, start);
+    let cost = cost.min(i64::MAX as u64) as i64;
+    let after = (b.tokens.fetch_sub(cost as u64, Ordering::AcqRel) as i64).wrapping_sub(cost);
+    if after >= 0 {
+        return 0;
+    }
+    loop {
+        let rate = b.rate.load(Ordering::Relaxed);
+        let now = platform.now_ns();
+        let waited = now.saturating_sub(start);
+        let debt = tokens(b);
+        if rate == 0 || debt >= 0 || waited >= MAX_WAIT_NS {
+            return waited;
+        }
+        let need_ns = (u128::from(debt.unsigned_abs()) * 1_000_000_000 / u128::from(rate)) as u64;
+        platform.sleep_ns(need_ns.clamp(100_000, MAX_SLEEP_NS));
+        refill(b, platform.now_ns());
+    }
+}
+
+/// What the controller saw over one period.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Utilisation of the limited work, in percent (0..=100).
+    pub util: f64,
+    /// Tokens consumed during the period.
+    pub consumed: u64,
+    /// Length of the period in nanoseconds.
+    pub period_ns: u64,
+    /// Whether launches ran short of tokens (demand exceeded the rate).
+    pub starved: bool,
+}
+
+/// The refill rate's controller: multiplicative, damped, with no wind-up while demand is below
+/// the rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Controller {
+    /// Target utilisation in percent.
+    pub target: f64,
+    rate: f64,
+}
+
+impl Controller {
+    /// A controller aiming at `target_percent`, not yet calibrated.
+    pub fn new(target_percent: u64) -> Self {
+        Controller {
+            target: target_percent.clamp(1, 100) as f64,
+            rate: 0.0,
+        }
+    }
+
+    /// The next refill rate (tokens per second) after `s`; 0 while nothing has run yet.
+    pub fn step(&mut self, s: Sample) -> u64 {
+        let util = s.util.clamp(0.0, 100.0);
+        if self.rate == 0.0 {
+            if s.consumed == 0 || s.period_ns == 0 || util < 1.0 {
+                return 0;
+            }
+            let consumed_rate = s.consumed as f64 * 1e9 / s.period_ns as f64;
+            self.rate = consumed_rate * self.target / util;
+            return self.rate as u64;
+        }
+        let mut factor = self.target / util.max(1.0);
+        factor = factor.clamp(0.25, 2.0);
+        if factor > 1.0 && !s.starved {
+            // Below target because the program asks for less than the rate: do not wind up.
+            factor = 1.0;
+        }
+        // Damping: move half-way (in ratio) toward the estimate.
+        self.rate = (self.rate * (1.0 + factor) / 2.0).max(1.0);
+        self.rate as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GPU whose utilisation grows with the admitted work, but not in proportion (small
+    /// kernels overlap; NVML counts a partly busy GPU as busy), with a little noise, and a
+    /// program that always wants more than the limit (compute-bound).
+    struct SimGpu {
+        capacity: f64,
+        demand: f64,
+        seed: u64,
+    }
+
+    impl SimGpu {
+        fn run(&mut self, rate: u64, period_s: f64) -> Sample {
+            let admitted = if rate == 0 {
+                self.demand
+            } else {
+                self.demand.min(rate as f64)
+            };
+            let done = admitted.min(self.capacity);
+            self.seed = self
+                .seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = ((self.seed >> 33) % 200) as f64 / 100.0 - 1.0; // ±1 point
+            Sample {
+                util: (100.0 * libm_pow(done / self.capacity, 0.7) + noise).clamp(0.0, 100.0),
+                consumed: (admitted * period_s) as u64,
+                period_ns: (period_s * 1e9) as u64,
+                starved: rate != 0 && self.demand > rate as f64,
+            }
+        }
+    }
+
+    fn converge(target: u64, capacity: f64, demand: f64) -> f64 {
+        let mut gpu = SimGpu {
+            capacity,
+            demand,
+            seed: target,
+        };
+        let mut c = Controller::new(target);
+        let mut rate = 0;
+        let mut last = Vec::new();
+        for step in 0..60 {
+            let s = gpu.run(rate, 0.2);
+            rate = c.step(s);
+            if step >= 40 {
+                last.push(s.util);
+            }
+        }
+        last.iter().sum::<f64>() / last.len() as f64
+    }
+
+    extern crate std;
+    use std::vec::Vec;
+
+    fn libm_pow(x: f64, y: f64) -> f64 {
+        std::primitive::f64::powf(x, y)
+    }
+
+    #[test]
+    fn converges_within_three_points_of_each_target() {
+        for target in [25, 50, 75] {
+            for (capacity, demand) in [(1e6, 5e6), (3e4, 1e5), (1e9, 1.2e9)] {
+                let util = converge(target, capacity, demand);
+                assert!(
+                    (util - target as f64).abs() <= 3.0,
+                    "target {target}, capacity {capacity}: settled at {util:.1}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn idle_program_does_not_wind_the_rate_up() {
+        let mut c = Controller::new(50);
+        let first = c.step(Sample {
+            util: 100.0,
+            consumed: 1000,
+            period_ns: 1_000_000_000,
+            starved: false,
+        });
+        for _ in 0..20 {
+            let r = c.step(Sample {
+                util: 5.0,
+                consumed: 10,
+                period_ns: 1_000_000_000,
+                starved: false,
+            });
+            assert!(r <= first, "rate grew to {r} while the program was idle");
+        }
+    }
+}
