@@ -111,6 +111,15 @@ impl Controller {
         }
     }
 
+    /// A controller taking over a device whose bucket already refills at `rate` (another
+    /// process held the lease before).
+    pub fn resume(target_percent: u64, rate: u64) -> Self {
+        Controller {
+            rate: rate as f64,
+            ..Controller::new(target_percent)
+        }
+    }
+
     /// The next refill rate (tokens per second) after `s`; 0 while nothing has run yet.
     pub fn step(&mut self, s: Sample) -> u64 {
         let util = s.util.clamp(0.0, 100.0);

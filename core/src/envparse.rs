@@ -30,10 +30,6 @@
 
 use core::fmt;
 
-/// The largest value `strtoul` returns on the 64-bit targets HAMi-core runs on; the ceiling for
-/// every size.
-pub const SIZE_MAX: u64 = u64::MAX;
-
 /// What the text was supposed to be; it picks the wording of an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Expected {

@@ -1,0 +1,141 @@
+//! The SM-utilisation limit: kernel launches draw from the device's region-wide token bucket
+//! (`hami_shm::bucket`), and one controller per device, elected by a lease in the region, sets
+//! the refill rate from NVML utilisation samples. No lock is held across an NVML call (the lease
+//! is a CAS, not a lock), and a process without a limit pays one relaxed load per launch.
+//!
+//! Switches, as HAMi's monitor expects: `GPU_CORE_UTILIZATION_POLICY=force` limits always,
+//! `disable` never, otherwise the region's `utilization_switch` (1 = limit) decides; a negative
+//! `recent_kernel` (the monitor's priority gate) pauses launches until it is non-negative again,
+//! and each limited launch sets it back to 2, as upstream does.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use hami_shm::bucket::{self, Controller, Sample};
+use hami_shm::layout::ABI_DEVS;
+use hami_shm::platform::Platform;
+
+use crate::config::UtilPolicy;
+use crate::runtime::{self, Runtime};
+
+/// Bit `d` set: region device `d` has an SM limit below 100 (the one relaxed load of the
+/// unlimited path).
+static LIMITED: AtomicU32 = AtomicU32::new(0);
+/// Period of the controller.
+const PERIOD_NS: u64 = 200_000_000;
+/// A lease outlives its holder by this much before another process takes over.
+const LEASE_MS: u64 = 1_000;
+/// Longest the priority gate holds a launch (the monitor lifts it within seconds).
+const GATE_MAX_NS: u64 = 10_000_000_000;
+
+/// Where the controller gets utilisation: percent of region device `dev` used by this
+/// container's processes over the last period, or `None` if unknown. Registered by the NVML
+/// hooks, which own the real NVML.
+pub type UtilSource = fn(dev: usize) -> Option<f64>;
+static SOURCE: OnceLock<UtilSource> = OnceLock::new();
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Registers the utilisation source and starts the controller thread if any device is limited.
+pub fn start(rt: &'static Runtime, source: UtilSource) {
+    let _ = SOURCE.set(source);
+    let mut mask = 0u32;
+    for d in 0..ABI_DEVS {
+        let l = rt.region.sm_limit[d].load(Ordering::Relaxed);
+        if l > 0 && l < 100 && rt.config.util_policy != UtilPolicy::Disable {
+            mask |= 1 << d;
+        }
+    }
+    LIMITED.store(mask, Ordering::Relaxed);
+    if mask != 0 && !STARTED.swap(true, Ordering::AcqRel) {
+        let _ = std::thread::Builder::new()
+            .name("hami-sm-limit".into())
+            .spawn(move || controller_loop(rt, mask));
+    }
+}
+
+/// Called before every kernel launch on region device `dev` with the launch's block count.
+pub fn before_launch(dev: usize, blocks: u64) {
+    if dev >= 32 || LIMITED.load(Ordering::Relaxed) & (1 << dev) == 0 {
+        return;
+    }
+    let Some(rt) = runtime::existing() else {
+        return;
+    };
+    if !switch_on(rt) {
+        return;
+    }
+    priority_gate(rt);
+    bucket::consume(&rt.region.uuids[dev].bucket, &rt.platform, blocks.max(1));
+}
+
+fn switch_on(rt: &Runtime) -> bool {
+    match rt.config.util_policy {
+        UtilPolicy::Force => true,
+        UtilPolicy::Disable => false,
+        UtilPolicy::Default => rt.region.utilization_switch.load(Ordering::Relaxed) != 0,
+    }
+}
+
+/// Waits (bounded) while HAMi's monitor holds `recent_kernel` negative, then marks a launch.
+fn priority_gate(rt: &Runtime) {
+    let start = rt.platform.now_ns();
+    while rt.region.recent_kernel.load(Ordering::Relaxed) < 0
+        && rt.platform.now_ns().saturating_sub(start) < GATE_MAX_NS
+    {
+        rt.platform.sleep_ns(10_000_000);
+    }
+    rt.region.recent_kernel.store(2, Ordering::Relaxed);
+}
+
+/// Takes or renews the controller lease of a device; true if we hold it.
+fn hold_lease(rt: &Runtime, dev: usize) -> bool {
+    let lease = &rt.region.uuids[dev].bucket.lease;
+    let now_ms = rt.platform.now_ns() / 1_000_000;
+    let me = rt.platform.self_id().pid() as u32 as u64;
+    let cur = lease.load(Ordering::Relaxed);
+    let (holder, expiry) = (cur >> 32, cur as u32);
+    let expired = (now_ms as u32).wrapping_sub(expiry) as i32 >= 0;
+    if holder != me && !expired {
+        return false;
+    }
+    let next = (me << 32) | u64::from((now_ms + LEASE_MS) as u32);
+    lease
+        .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
+fn controller_loop(rt: &'static Runtime, mask: u32) {
+    let mut controllers: [Option<Controller>; ABI_DEVS] = [None; ABI_DEVS];
+    let mut last_tokens = [0i64; ABI_DEVS];
+    let mut last_ns = rt.platform.now_ns();
+    loop {
+        rt.platform.sleep_ns(PERIOD_NS);
+        let now = rt.platform.now_ns();
+        let period_ns = now.saturating_sub(last_ns);
+        last_ns = now;
+        for dev in (0..ABI_DEVS).filter(|d| mask & (1 << d) != 0) {
+            let b = &rt.region.uuids[dev].bucket;
+            let tokens = b.tokens.load(Ordering::Relaxed) as i64;
+            let earned = (b.rate.load(Ordering::Relaxed) as u128 * period_ns as u128 / 1_000_000_000) as i64;
+            let consumed = (last_tokens[dev] + earned - tokens).max(0) as u64;
+            last_tokens[dev] = tokens;
+            if !hold_lease(rt, dev) {
+                controllers[dev] = None;
+                continue;
+            }
+            let Some(util) = SOURCE.get().and_then(|f| f(dev)) else {
+                continue;
+            };
+            let limit = rt.region.sm_limit[dev].load(Ordering::Relaxed);
+            let c = controllers[dev]
+                .get_or_insert_with(|| Controller::resume(limit, b.rate.load(Ordering::Relaxed)));
+            let rate = c.step(Sample {
+                util,
+                consumed,
+                period_ns,
+                starved: tokens < 0,
+            });
+            b.rate.store(rate, Ordering::Relaxed);
+        }
+    }
+}
