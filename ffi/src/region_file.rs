@@ -1,0 +1,553 @@
+//! Opening the shared region file safely, and mapping it.
+//!
+//! Unlike the C original (which calls `umask(0)` for the whole process, follows a symlink at a
+//! fixed path in /tmp, maps whatever it finds and `exit`s on any failure):
+//! - the file is opened with `O_NOFOLLOW | O_CLOEXEC` (and `O_NONBLOCK`, so a FIFO planted at the
+//!   path cannot block us; cleared again once the file is known to be regular);
+//! - it is created with `O_EXCL`, and only a file we created gets `fchmod(0666)`, so every user of
+//!   the container may attach whatever the umask, and the umask is never touched. An existing
+//!   file is opened without `O_CREAT` (which also keeps `fs.protected_regular` from refusing a
+//!   peer's file in a sticky /tmp);
+//! - it must be a regular file whose size and header [`classify`] accepts; only a fresh file
+//!   shorter than the region is extended (one zero byte at offset `SIZE`, as C peers do), and no
+//!   file is ever shrunk;
+//! - every failure is a [`RegionFileError`] whose text is one line: `<path>: <what was found>;
+//!   <how to fix it>`.
+//!
+//! The descriptor is also where the platform takes its record locks
+//! ([`crate::platform::LinuxPlatform`]). Closing it (dropping the [`RegionFile`]) releases every
+//! record lock this *process* holds on the file, which is why the preload library leaks it.
+
+use std::ffi::CString;
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+use hami_shm::layout::SharedRegion;
+use hami_shm::validate::{classify, Refusal, Verdict, HEADER_LEN};
+
+/// Mode of a region file we create: every user of the container may attach, as with the C
+/// original.
+pub const CREATE_MODE: libc::mode_t = 0o666;
+
+/// Bytes mapped: one region.
+const SIZE: usize = SharedRegion::SIZE;
+
+/// How a region file is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read and write, creating (and extending) the file if missing. For the library.
+    ReadWrite,
+    /// Read only, mapped `PROT_READ`; never creates or changes anything. For inspection tools.
+    ReadOnly,
+}
+
+/// Why a region file cannot be used. Each variant names the path; [`fmt::Display`] writes one
+/// line: the path, what was found, and how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegionFileError {
+    /// The path cannot be passed to the kernel (it holds a NUL byte).
+    InvalidPath {
+        /// The path.
+        path: PathBuf,
+    },
+    /// `open` failed.
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// `errno` of the failed `open`.
+        errno: i32,
+        /// How we tried to open it.
+        mode: OpenMode,
+    },
+    /// Something other than a regular file is at the path.
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What is there ("directory", "FIFO", ...).
+        kind: &'static str,
+    },
+    /// The file is empty, so there is nothing to inspect ([`OpenMode::ReadOnly`] only).
+    Empty {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The file's size or header is not a region this library may share.
+    Layout {
+        /// The path.
+        path: PathBuf,
+        /// What [`classify`] found.
+        refusal: Refusal,
+    },
+    /// `mmap` failed.
+    Map {
+        /// The path.
+        path: PathBuf,
+        /// `errno` of the failed `mmap`.
+        errno: i32,
+    },
+    /// Reading or extending the file failed.
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// What we were doing ("fstat", "read the header", ...).
+        op: &'static str,
+        /// `errno` of the failed call.
+        errno: i32,
+    },
+}
+
+impl RegionFileError {
+    /// The path the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            RegionFileError::InvalidPath { path }
+            | RegionFileError::Open { path, .. }
+            | RegionFileError::NotRegular { path, .. }
+            | RegionFileError::Empty { path }
+            | RegionFileError::Layout { path, .. }
+            | RegionFileError::Map { path, .. }
+            | RegionFileError::Io { path, .. } => path,
+        }
+    }
+
+    /// The `errno` behind the error, if a system call failed.
+    pub fn errno(&self) -> Option<i32> {
+        match *self {
+            RegionFileError::Open { errno, .. }
+            | RegionFileError::Map { errno, .. }
+            | RegionFileError::Io { errno, .. } => Some(errno),
+            _ => None,
+        }
+    }
+}
+
+/// A path written on one line: control characters (a newline in a file name) are escaped.
+struct OneLine<'a>(&'a Path);
+
+impl fmt::Display for OneLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write as _;
+        for ch in self.0.to_string_lossy().chars() {
+            if ch.is_control() {
+                for e in ch.escape_default() {
+                    f.write_char(e)?;
+                }
+            } else {
+                f.write_char(ch)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+const ELSEWHERE: &str = "set CUDA_DEVICE_MEMORY_SHARED_CACHE to a writable regular file's path";
+
+impl fmt::Display for RegionFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = OneLine(self.path());
+        let os = |errno: i32| std::io::Error::from_raw_os_error(errno);
+        match *self {
+            RegionFileError::InvalidPath { .. } => {
+                write!(f, "{p}: the path contains a NUL byte; {ELSEWHERE}")
+            }
+            RegionFileError::Open { errno, mode, .. } => match errno {
+                libc::EACCES | libc::EPERM => write!(
+                    f,
+                    "{p}: cannot open the shared region ({}): the file belongs to another user \
+                     with mode 0600 or the directory is not writable; set \
+                     CUDA_DEVICE_MEMORY_SHARED_CACHE to a writable path or fix the file's mode",
+                    os(errno)
+                ),
+                libc::ELOOP => write!(
+                    f,
+                    "{p}: is a symlink; refusing to follow it at a shared path (another user \
+                     could point it at any file): remove the link or {ELSEWHERE}"
+                ),
+                libc::EROFS => write!(
+                    f,
+                    "{p}: cannot create or write the shared region: the file system is \
+                     read-only ({}); set CUDA_DEVICE_MEMORY_SHARED_CACHE to a path on a writable \
+                     file system (such as an emptyDir volume or a writable /tmp)",
+                    os(errno)
+                ),
+                libc::ENOENT if mode == OpenMode::ReadOnly => write!(
+                    f,
+                    "{p}: no such file: no process has created a shared region here yet; check \
+                     CUDA_DEVICE_MEMORY_SHARED_CACHE, or start a GPU process under the library"
+                ),
+                libc::ENOENT | libc::ENOTDIR => write!(
+                    f,
+                    "{p}: cannot create the shared region: its directory does not exist ({}); \
+                     create the directory or {ELSEWHERE}",
+                    os(errno)
+                ),
+                _ => write!(
+                    f,
+                    "{p}: cannot open the shared region ({}); {ELSEWHERE}",
+                    os(errno)
+                ),
+            },
+            RegionFileError::NotRegular { kind, .. } => write!(
+                f,
+                "{p}: is a {kind}, not a regular file; remove it (if it is stale) or {ELSEWHERE}"
+            ),
+            RegionFileError::Empty { .. } => write!(
+                f,
+                "{p}: file is empty: no process has initialised the shared region yet; start a \
+                 GPU process under the library first"
+            ),
+            RegionFileError::Layout { refusal, .. } => write!(f, "{p}: {refusal}"),
+            RegionFileError::Map { errno, .. } => write!(
+                f,
+                "{p}: cannot map the shared region ({}); check the address-space limit \
+                 (ulimit -v) and that the file system supports shared mappings, or {ELSEWHERE}",
+                os(errno)
+            ),
+            RegionFileError::Io { op, errno, .. } => write!(
+                f,
+                "{p}: {op} failed ({}); check the file system (free space, quota, I/O errors) \
+                 or {ELSEWHERE}",
+                os(errno)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RegionFileError {}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// An open, validated, mapped region file. Unmapped and closed on drop, unless
+/// [`leak`](RegionFile::leak)ed.
+pub struct RegionFile {
+    fd: OwnedFd,
+    map: NonNull<SharedRegion>,
+    len: usize,
+    path: PathBuf,
+    verdict: Verdict,
+    mode: OpenMode,
+    created: bool,
+}
+
+// SAFETY: `RegionFile` owns a descriptor and a MAP_SHARED mapping; the mapping holds only atomics
+// (see `region`), which any thread may access through shared references, and the raw pointer is
+// the only reason the type is not automatically Send/Sync.
+unsafe impl Send for RegionFile {}
+// SAFETY: as above; only `&SharedRegion` is ever handed out, and `SharedRegion` is Sync.
+unsafe impl Sync for RegionFile {}
+
+impl RegionFile {
+    /// The mapped region.
+    ///
+    /// In [`OpenMode::ReadOnly`] the pages are `PROT_READ`: only load from them (a store faults).
+    pub fn region(&self) -> &SharedRegion {
+        // SAFETY: `map` is a live MAP_SHARED mapping of `SharedRegion::SIZE` bytes of a file at
+        // least that long, unmapped only in Drop (so it outlives `&self`). mmap returns a
+        // page-aligned address, more than the region's alignment of 8. Every field of the region
+        // is an atomic (interior mutability), so a shared reference stays sound while other
+        // threads and processes store to the bytes; no `&mut` to the mapping is ever created.
+        unsafe { self.map.as_ref() }
+    }
+
+    /// The file's descriptor, for [`crate::platform::LinuxPlatform::new`] (borrowed: it stays
+    /// open as long as this value, or forever after [`RegionFile::leak`]).
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The path the file was opened at.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What validation found when the file was opened.
+    pub fn verdict(&self) -> Verdict {
+        self.verdict
+    }
+
+    /// How the file was opened.
+    pub fn mode(&self) -> OpenMode {
+        self.mode
+    }
+
+    /// Whether this call created the file.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Bytes mapped (`SharedRegion::SIZE`).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a region is never empty (for clippy's `len_without_is_empty`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keeps the mapping and the descriptor for the rest of the process (the preload library):
+    /// never unmapped, never closed. Read [`RegionFile::fd`] first if the platform needs it.
+    pub fn leak(self) -> &'static SharedRegion {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: as in `region`; and since Drop will never run, the mapping lives (and the
+        // descriptor stays open) until the process ends, so the reference may be 'static.
+        unsafe { this.map.as_ref() }
+    }
+}
+
+impl Drop for RegionFile {
+    fn drop(&mut self) {
+        // SAFETY: `map`/`len` are the mapping made in `open`, unmapped only here; no reference
+        // from `region` outlives `self`. (The descriptor is closed by OwnedFd afterwards.)
+        unsafe { libc::munmap(self.map.as_ptr().cast(), self.len) };
+    }
+}
+
+fn kind_of(st_mode: libc::mode_t) -> Option<&'static str> {
+    match st_mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFDIR => Some("directory"),
+        libc::S_IFIFO => Some("FIFO"),
+        libc::S_IFCHR => Some("character device"),
+        libc::S_IFBLK => Some("block device"),
+        libc::S_IFSOCK => Some("socket"),
+        libc::S_IFLNK => Some("symlink"),
+        _ => Some("non-regular file"),
+    }
+}
+
+fn open_raw(path: &CString, flags: libc::c_int) -> Result<OwnedFd, i32> {
+    // SAFETY: `path` is NUL-terminated; the mode argument is read only with O_CREAT.
+    let fd = unsafe { libc::open(path.as_ptr(), flags, libc::c_uint::from(CREATE_MODE)) };
+    if fd < 0 {
+        Err(errno())
+    } else {
+        // SAFETY: `fd` was just opened and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// Opens the path, creating it (mode 0666 whatever the umask) in [`OpenMode::ReadWrite`].
+/// Returns the descriptor and whether we created the file.
+fn open_fd(
+    path: &Path,
+    c_path: &CString,
+    mode: OpenMode,
+) -> Result<(OwnedFd, bool), RegionFileError> {
+    let base = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let fail = |errno: i32| match errno {
+        libc::EISDIR => RegionFileError::NotRegular {
+            path: path.to_path_buf(),
+            kind: "directory",
+        },
+        _ => RegionFileError::Open {
+            path: path.to_path_buf(),
+            errno,
+            mode,
+        },
+    };
+    if mode == OpenMode::ReadOnly {
+        return open_raw(c_path, base | libc::O_RDONLY)
+            .map(|fd| (fd, false))
+            .map_err(fail);
+    }
+    // O_EXCL tells us whether we created it. If it exists, open it without O_CREAT; if it was
+    // deleted in between, try again (a few times: a loop of deletions is someone's bug).
+    let mut last = libc::ENOENT;
+    for _ in 0..4 {
+        match open_raw(c_path, base | libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
+            Ok(fd) => {
+                // Only the file we created gets its mode set; a failure here leaves the umask's
+                // mode, which still works for us (peers of other users then get EACCES).
+                // SAFETY: `fd` is an open descriptor we own.
+                unsafe { libc::fchmod(fd.as_raw_fd(), CREATE_MODE) };
+                return Ok((fd, true));
+            }
+            Err(libc::EEXIST) => {}
+            Err(e) => return Err(fail(e)),
+        }
+        match open_raw(c_path, base | libc::O_RDWR) {
+            Ok(fd) => return Ok((fd, false)),
+            Err(libc::ENOENT) => last = libc::ENOENT,
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    Err(fail(last))
+}
+
+/// Reads up to [`HEADER_LEN`] bytes from offset 0 (fewer only at end of file).
+fn read_header(fd: RawFd, header: &mut [u8; HEADER_LEN]) -> Result<usize, i32> {
+    let mut got = 0;
+    while got < HEADER_LEN {
+        // SAFETY: the destination is the unfilled tail of `header`, `HEADER_LEN - got` bytes.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                header[got..].as_mut_ptr().cast(),
+                HEADER_LEN - got,
+                got as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => got += n as usize,
+            _ => match errno() {
+                libc::EINTR => {}
+                e => return Err(e),
+            },
+        }
+    }
+    Ok(got)
+}
+
+/// Opens, validates and maps the region file at `path`. See the module docs for what is checked;
+/// nothing here panics, whatever is at the path.
+pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
+    let owned = || path.to_path_buf();
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| RegionFileError::InvalidPath { path: owned() })?;
+    let (fd, created) = open_fd(path, &c_path, mode)?;
+    let raw = fd.as_raw_fd();
+    let io = |op: &'static str, errno: i32| RegionFileError::Io {
+        path: owned(),
+        op,
+        errno,
+    };
+
+    // SAFETY: an all-zero `struct stat` is a valid buffer for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `raw` is open; `st` is a valid `struct stat` to write.
+    if unsafe { libc::fstat(raw, &mut st) } != 0 {
+        return Err(io("fstat", errno()));
+    }
+    if let Some(kind) = kind_of(st.st_mode) {
+        return Err(RegionFileError::NotRegular {
+            path: owned(),
+            kind,
+        });
+    }
+    // O_NONBLOCK only guarded the open against FIFOs; a regular file does not need it.
+    // SAFETY: F_GETFL/F_SETFL on an open descriptor take and return plain flags.
+    unsafe {
+        let flags = libc::fcntl(raw, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(raw, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+
+    let len = st.st_size.max(0) as u64;
+    if mode == OpenMode::ReadOnly && len == 0 {
+        return Err(RegionFileError::Empty { path: owned() });
+    }
+    let mut header = [0u8; HEADER_LEN];
+    let got = read_header(raw, &mut header).map_err(|e| io("reading the header", e))?;
+    let verdict =
+        classify(&header[..got], len, SIZE).map_err(|refusal| RegionFileError::Layout {
+            path: owned(),
+            refusal,
+        })?;
+    let mapped_len = SIZE as u64;
+    if verdict == Verdict::Fresh && len < mapped_len + 1 {
+        match mode {
+            OpenMode::ReadWrite => {
+                // Extend a fresh file as C peers do: one zero byte at offset SIZE (beyond the
+                // mapped bytes, so it races harmlessly with a peer doing the same).
+                let zero = [0u8; 1];
+                let n = loop {
+                    // SAFETY: writes one byte from `zero` at offset SIZE of our descriptor.
+                    let n =
+                        unsafe { libc::pwrite(raw, zero.as_ptr().cast(), 1, SIZE as libc::off_t) };
+                    if n >= 0 || errno() != libc::EINTR {
+                        break n;
+                    }
+                };
+                if n != 1 {
+                    let e = if n < 0 { errno() } else { libc::EIO };
+                    return Err(io("extending the file to the region's size", e));
+                }
+            }
+            // A read-only mapping beyond end of file would fault on access.
+            OpenMode::ReadOnly if len < mapped_len => {
+                return Err(RegionFileError::Layout {
+                    path: owned(),
+                    refusal: Refusal::Truncated { len },
+                })
+            }
+            OpenMode::ReadOnly => {}
+        }
+    }
+
+    let prot = match mode {
+        OpenMode::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        OpenMode::ReadOnly => libc::PROT_READ,
+    };
+    // SAFETY: a new shared mapping of SIZE bytes of a file at least SIZE bytes long (checked or
+    // extended above), at an address of the kernel's choosing; the result is checked below.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), SIZE, prot, libc::MAP_SHARED, raw, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(RegionFileError::Map {
+            path: owned(),
+            errno: errno(),
+        });
+    }
+    let Some(map) = NonNull::new(p.cast::<SharedRegion>()) else {
+        // Address 0 is never chosen without MAP_FIXED; refuse rather than trust it.
+        return Err(RegionFileError::Map {
+            path: owned(),
+            errno: libc::EINVAL,
+        });
+    };
+    Ok(RegionFile {
+        fd,
+        map,
+        len: SIZE,
+        path: owned(),
+        verdict,
+        mode,
+        created,
+    })
+}
+
+/// A private, zeroed region for a process that cannot share one (degraded mode), kept for the
+/// rest of the process. It is a MAP_SHARED anonymous mapping, so a forked child shares it with
+/// its parent as it would share the file. Use it with
+/// [`crate::platform::LinuxPlatform::private`].
+pub fn anonymous() -> &'static SharedRegion {
+    // SAFETY: a new anonymous shared mapping of SIZE bytes at an address of the kernel's choosing;
+    // the result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p != libc::MAP_FAILED {
+        if let Some(map) = NonNull::new(p.cast::<SharedRegion>()) {
+            // SAFETY: page-aligned, SIZE zero bytes (all-zero is a valid value of every field:
+            // atomics and sem_t storage), never unmapped, so a 'static shared reference is sound.
+            return unsafe { map.as_ref() };
+        }
+    }
+    // Out of address space for 2 MB: fall back to the heap (private to this process).
+    let layout = std::alloc::Layout::new::<SharedRegion>();
+    // SAFETY: the layout is non-zero-sized.
+    let heap = unsafe { std::alloc::alloc_zeroed(layout) };
+    match NonNull::new(heap.cast::<SharedRegion>()) {
+        // SAFETY: aligned for SharedRegion by `layout`, zeroed (a valid value, as above), never
+        // freed.
+        Some(map) => unsafe { map.as_ref() },
+        None => std::alloc::handle_alloc_error(layout),
+    }
+}
