@@ -12,7 +12,7 @@
 //! in one log line.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use hami_shm::admission::{self, OutOfMemory};
@@ -32,6 +32,8 @@ use crate::region_file::{self, OpenMode, RegionFile};
 
 /// No slot claimed (yet, or since a fork).
 const NO_SLOT: usize = usize::MAX;
+/// Least time between two reaps triggered by refused reservations.
+const REAP_INTERVAL_NS: u64 = 100_000_000;
 /// How long to wait for the init lock (a C peer initialises in microseconds).
 const INIT_LOCK_TIMEOUT_NS: u64 = 10_000_000_000;
 /// How long another thread waits for the initialising thread before passing through.
@@ -51,6 +53,8 @@ pub struct Runtime {
     slot: AtomicUsize,
     /// Set in a forked child: identity and slot must be renewed on next use.
     forked: AtomicBool,
+    /// When a refused reservation last reaped.
+    last_reap_ns: AtomicU64,
     /// Serialises this process's threads around the owner lock (record locks are per process).
     lock_serial: Mutex<()>,
 }
@@ -210,6 +214,7 @@ impl Runtime {
             shared,
             slot: AtomicUsize::new(NO_SLOT),
             forked: AtomicBool::new(false),
+            last_reap_ns: AtomicU64::new(0),
             lock_serial: Mutex::new(()),
         }
     }
@@ -301,7 +306,7 @@ impl Runtime {
         match admission::try_reserve(self.region, &self.platform, slot, dev, kind, bytes) {
             Ok(()) => Ok(()),
             Err(oom) => {
-                if self.reap_now() == 0 {
+                if !self.reap_due() || self.reap_now() == 0 {
                     return Err(oom);
                 }
                 admission::try_reserve(self.region, &self.platform, slot, dev, kind, bytes)
@@ -325,6 +330,18 @@ impl Runtime {
     pub fn limit(&self, dev: usize) -> Option<u64> {
         let l = self.region.limit.get(dev)?.load(Ordering::Relaxed);
         (l != 0).then_some(l)
+    }
+
+    /// Whether a refused reservation may reap: at most once per [`REAP_INTERVAL_NS`], so a
+    /// program that keeps hitting its limit does not read /proc on every refusal.
+    fn reap_due(&self) -> bool {
+        let now = self.platform.now_ns();
+        let last = self.last_reap_ns.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= REAP_INTERVAL_NS
+            && self
+                .last_reap_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Reaps dead slots now, with a short lock deadline; returns how many were freed.
