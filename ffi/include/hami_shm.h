@@ -16,10 +16,150 @@
 #define ABI_SLOTS 1024
 #define ABI_DEVS 16
 #define UUID_LEN 96
+#define UUID_TEXT_LEN 64
 #define STATUS_EXITED 0
 #define STATUS_RUNNING 1
 #define STATUS_SUSPENDED 2
 
+
+/*
+ Success.
+ */
+#define HAMI_OK 0
+
+/*
+ `hami_reserve`: the request would take the device's usage over its limit; nothing reserved.
+ */
+#define HAMI_REFUSED -1
+
+/*
+ `hami_lock_region`: a live process held the region lock past the timeout.
+ */
+#define HAMI_TIMEOUT -1
+
+/*
+ An argument out of range (device, kind, timeout), no usable region, no slot for this process,
+ or a corrupt semaphore; nothing was changed.
+ */
+#define HAMI_ERROR -2
+
+/*
+ `hami_unlock_region`: this process does not hold the region lock; nothing was released.
+ */
+#define HAMI_NOT_HELD -3
+
+/*
+ `hami_lock_region`: the calling thread already holds the region lock (it is not recursive).
+ */
+#define HAMI_ALREADY_HELD -4
+
+/*
+ How long `lock_shrreg` waits for the region lock before giving up (upstream: forever for a
+ live owner, `exit(-1)` after ~310 s otherwise).
+ */
+#define HAMI_LOCK_SHRREG_TIMEOUT_MS 10000
+
+/*
+ How long `clear_proc_slot_nolock` waits for the region lock when the caller does not hold it.
+ */
+#define HAMI_CLEAR_LOCK_TIMEOUT_MS 1000
+
+/*
+ How long `lock_postinit` waits for `sem_postinit` before returning 0 (upstream: 330 s).
+ */
+#define HAMI_POSTINIT_TIMEOUT_MS 30000
+
+/*
+ How long `wait_status_all` polls for every other process to reach the status.
+ */
+#define HAMI_WAIT_STATUS_ALL_MS 1000
+
+/*
+ The priority used when `CUDA_TASK_PRIORITY` is unset, as in HAMi-core.
+ */
+#define DEFAULT_PRIORITY 1
+
+/*
+ The size of one formatted record, newline included; longer records are truncated.
+ */
+#define RECORD_MAX 512
+
+/*
+ The level used when `LIBCUDA_LOG_LEVEL` is unset or malformed, as in HAMi-core.
+ */
+#define DEFAULT_LEVEL 2
+
+/*
+ Bit for [`once`]: a malformed `LIBCUDA_LOG_LEVEL` is reported once.
+ */
+#define ONCE_BAD_LOG_LEVEL 0
+
+/*
+ Bits 0..8 are reserved for this module and `config`; other modules take bits from 8 up.
+ */
+#define ONCE_FIRST_FREE 8
+
+/*
+ Bytes past the region's end where the owner lock's window byte lies (beyond the file's bytes:
+ record locks may lie past end of file, and C peers lock only `[0, size)`).
+ */
+#define WINDOW_OFFSET 64
+
+/*
+ The window byte of the ABI region: `SharedRegion::SIZE + 64`.
+ */
+#define WINDOW_BYTE ((uint64_t)SharedRegion_SIZE + WINDOW_OFFSET)
+
+/*
+ glibc's `private` word of a process-shared `sem_t` (`sem_init(s, 1, _)`).
+ */
+#define GLIBC_SEM_SHARED 128
+
+/*
+ Counters or limits above this (64 PiB) are garbage: no GPU has that much memory, and an
+ unguarded subtraction that wrapped (bug B3) lands near 2^64.
+ */
+#define COUNTER_SANE_MAX (1 << 56)
+
+/*
+ The estimate when nothing better is known.
+ */
+#define DEFAULT_CONTEXT_ESTIMATE (256 << 20)
+
+/*
+ CUDA ordinals we map (more than any machine has).
+ */
+#define MAX_ORDINALS 64
+
+/*
+ What a driver rounds device allocations to when it cannot tell us (2 MiB on NVIDIA GPUs).
+ */
+#define DEFAULT_GRANULE (2 << 20)
+
+/*
+ `CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE`.
+ */
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+
+/*
+ `CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED`.
+ */
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+
+/*
+ `CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+ */
+#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0
+
+/*
+ `CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+ */
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+
+/*
+ `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
+ */
+#define NVML_UUID_BUFFER 96
 
 /*
  Per-device memory usage of one process (`device_memory_t`, 64 bytes).
@@ -116,6 +256,45 @@ typedef struct {
 } shrreg_proc_slot_t;
 
 /*
+ The SM-limit token bucket of one device, shared by every process of the region (our
+ extension, in the UUID entry's tail; see the module docs).
+ */
+typedef struct {
+  /*
+   Tokens available (an `i64` stored as bits: negative is debt).
+   */
+  _Atomic uint64_t tokens;
+  /*
+   Refill rate in tokens per second, set by the controller.
+   */
+  _Atomic uint64_t rate;
+  /*
+   Monotonic nanoseconds of the last refill.
+   */
+  _Atomic uint64_t refilled_ns;
+  /*
+   Controller lease: holder pid in the high 32 bits, expiry in monotonic milliseconds
+   (wrapping) in the low 32.
+   */
+  _Atomic uint64_t lease;
+} SmBucket;
+
+/*
+ One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string, then our
+ bucket.
+ */
+typedef struct {
+  /*
+   NUL-terminated UUID string.
+   */
+  char text[UUID_TEXT_LEN];
+  /*
+   The device's SM token bucket.
+   */
+  SmBucket bucket;
+} DeviceUuid;
+
+/*
  The whole shared region (`shared_region_t`, 2,008,952 bytes for 1024 slots and 16 devices).
  */
 typedef struct {
@@ -148,9 +327,9 @@ typedef struct {
    */
   _Atomic uint64_t device_num;
   /*
-   Device UUID strings (NUL-terminated).
+   Device UUID strings (NUL-terminated), each followed by the device's SM bucket.
    */
-  char uuids[ABI_DEVS][UUID_LEN];
+  DeviceUuid uuids[ABI_DEVS];
   /*
    Memory limit per device in bytes; 0 means unlimited.
    */
@@ -199,6 +378,315 @@ typedef shared_region_t SharedRegion;
  */
 typedef shrreg_proc_slot_t SharedProcSlot;
 
+/*
+ Mode of a region file we create: every user of the container may attach, as with the C
+ original.
+ */
+#define CREATE_MODE 438
 
+
+
+/*
+ Sets up this process's view of the shared region (open, validate, initialise if first) and
+ registers this process in a slot. Idempotent and cheap once done; in a forked child it
+ registers the child. Unlike upstream it never exits the process: if the region cannot be
+ used, the library logs why and accounts within the process only.
+ */
+void ensure_initialized(void);
+
+/*
+ Takes the region lock (`sem` + `owner_pid`, compatible with C peers), recovering it from a
+ dead holder. Not scoped: held until `unlock_shrreg`, which any thread of this process may
+ call. Upstream waits forever for a live holder and calls `exit(-1)` after ~310 s otherwise;
+ this waits at most `HAMI_LOCK_SHRREG_TIMEOUT_MS`, then logs an error and returns **without
+ the lock** (use `hami_lock_region` to learn the outcome). A recursive call from the thread
+ that holds it returns at once (still held) with an error log.
+ */
+void lock_shrreg(void);
+
+/*
+ Releases the region lock taken by `lock_shrreg`/`hami_lock_region` in this process. Upstream
+ posts the semaphore unconditionally, so an unlock without a lock lets two processes in; this
+ releases only a lock this process holds (otherwise it logs a warning and does nothing).
+ */
+void unlock_shrreg(void);
+
+/*
+ Takes `sem_postinit`, which serialises host-pid discovery among the region's processes.
+ Returns 1 when acquired, 0 when it gave up: after `HAMI_POSTINIT_TIMEOUT_MS` (upstream:
+ 330 s), or at once if there is no usable region. The semaphore has no owner record, so a
+ holder that died keeps it (B18): waiters then give up after the bound.
+ */
+int lock_postinit(void);
+
+/*
+ Releases `sem_postinit` if this process took it with `lock_postinit`; otherwise does nothing
+ (upstream posts unconditionally, which can let two processes in).
+ */
+void unlock_postinit(void);
+
+/*
+ Frees the slots of dead processes (at most 16 per call), zeroing their usage, and returns 1
+ if any was freed, else 0. With `do_clear == 0` it only zeroes usage that exited C peers left
+ in free slots (returning 1 if there was any). Upstream *compacts* the table, moving other
+ processes' slots under them (B3-B6), and is called without the lock (B4); ours never moves a
+ slot. The caller should hold the region lock (`lock_shrreg`); if this process does not, the
+ function takes it itself for at most `HAMI_CLEAR_LOCK_TIMEOUT_MS` (0 if it could not).
+ */
+int clear_proc_slot_nolock(int do_clear);
+
+/*
+ Records `usage` bytes of `kind` (upstream's `type`: 0 context, 1 module, 2 data) on CUDA device `dev` in the slot
+ of container pid `pid` (ours, or another process's found by pid). Returns 0, or -1 if the pid
+ has no slot or an argument is out of range. As upstream it records without checking the
+ limit, so two callers can together exceed it (B11): use `hami_reserve` to admit.
+ */
+int add_gpu_device_memory_usage(int32_t pid,
+                                int dev,
+                                size_t usage,
+                                int kind);
+
+/*
+ Removes `usage` bytes of `kind` on CUDA device `dev` from the slot of `pid`. Returns 0, or -1
+ as `add_gpu_device_memory_usage`. A removal of more than was recorded stops at 0 (logged
+ once) instead of wrapping around to 2^64 as upstream's does.
+ */
+int rm_gpu_device_memory_usage(int32_t pid, int dev, size_t usage, int kind);
+
+/*
+ Bytes in use on region device `dev` by all processes that hold a slot; 0 for a bad `dev`.
+ Upstream also counts exited processes' leftovers and spins forever on a slot whose writer
+ died mid-update (B7, B8); ours does neither.
+ */
+size_t get_gpu_memory_usage(int dev);
+
+/*
+ Same as `get_gpu_memory_usage`, as `uint64_t`.
+ */
+uint64_t get_current_device_memory_usage(int dev);
+
+/*
+ The memory limit of region device `dev` in bytes (0 = unlimited); 0 for a bad `dev`.
+ */
+uint64_t get_current_device_memory_limit(int dev);
+
+/*
+ Sets the memory limit of region device `dev` for every process of the region. Returns 0, or
+ -1 for a bad `dev` (upstream writes out of bounds).
+ */
+int set_current_device_memory_limit(int dev, size_t newlimit);
+
+/*
+ Sum of the NVML-reported usage (`monitorused`) of region device `dev` over the slots in use;
+ 0 for a bad `dev`.
+ */
+uint64_t get_current_device_memory_monitor(int dev);
+
+/*
+ Stores the NVML-reported usage of region device `dev` into the slot whose host pid is
+ `hostpid`. Returns 1 if found, 0 otherwise (also for `hostpid <= 0`, which upstream would
+ match against every slot whose host pid is still unknown, and for a bad `dev`).
+ */
+int set_gpu_device_memory_monitor(int32_t hostpid, int dev, size_t monitor);
+
+/*
+ Stores the SM utilisation (percent) of region device `dev` into the slot whose host pid is
+ `hostpid`. Returns 1 if found, 0 otherwise (as `set_gpu_device_memory_monitor`).
+ */
+int set_gpu_device_sm_utilization(int32_t hostpid, int dev, unsigned int sm_util);
+
+/*
+ Zeroes `monitorused` and `sm_util` of every slot and device, as upstream's watcher does before
+ each sampling round (so every process's watcher erases the others' samples, B32: that is the
+ caller's algorithm, kept for compatibility). Returns 1 (0 without a region).
+ */
+int init_gpu_device_utilization(void);
+
+/*
+ The SM limit of region device `dev` in percent; -1 for a bad `dev` (upstream reads out of
+ bounds).
+ */
+int get_current_device_sm_limit(int dev);
+
+/*
+ Multiplies the SM limit of region device `dev` by `scale`, once per region (the first call of
+ any process wins, by CAS on `sm_init_flag`; later calls return 0 and change nothing).
+ Returns 0, or -1 for a bad `dev` or a `scale` below 1.
+ */
+int set_current_device_sm_limit_scale(int dev, int scale);
+
+/*
+ Records `hostpid` (the pid NVML reports for this process; 0 = unknown) in this process's slot,
+ zeroes its NVML-reported usage, then calls the hooks' `setspec` as upstream does. Returns 0,
+ or -1 if this process has no slot or `hostpid < 0`.
+ */
+int set_host_pid(int hostpid);
+
+/*
+ Notes whether this process's slot carries a host pid (upstream's `pidfound`, readable from
+ Rust as `host_pid_found`). Returns 0, as upstream.
+ */
+int update_host_pid(void);
+
+/*
+ The slot in use whose host pid is `hostpid` (a pointer into the shared region, valid for the
+ life of the process), or NULL if none or `hostpid <= 0`. The slot may be freed and reused by
+ another process at any time; hold the region lock while using it, as upstream's watcher does.
+ */
+shrreg_proc_slot_t *find_proc_by_hostpid(int hostpid);
+
+/*
+ Records a kernel launch: raises the region's `last_kernel_time` (epoch seconds) to now, at
+ most once per `RECORD_KERNEL_INTERVAL` seconds per process. The region's value only grows
+ (upstream's initialiser stores a possibly older value unconditionally).
+ */
+void pre_launch_kernel(void);
+
+/*
+ The region's `recent_kernel` (the priority gate HAMi's monitor also writes); 0 without a
+ region.
+ */
+int get_recent_kernel(void);
+
+/*
+ Stores `value` into the region's `recent_kernel`. Returns 0 (-1 without a region).
+ */
+int set_recent_kernel(int value);
+
+/*
+ The region's task priority (`CUDA_TASK_PRIORITY` of the initialiser); 1 without a region.
+ */
+int get_current_priority(void);
+
+/*
+ Whether the SM limiter is on: 1 if `GPU_CORE_UTILIZATION_POLICY` is force, 0 if disable,
+ otherwise the region's `utilization_switch` (toggled by HAMi's monitor).
+ */
+int get_utilization_switch(void);
+
+/*
+ Reads `GPU_CORE_UTILIZATION_POLICY` from the environment now: 1 for `force`/`FORCE`, 2 for
+ `disable`/`DISABLE`, 0 otherwise; `get_utilization_switch` follows the last value read.
+ */
+int set_env_utilization_switch(void);
+
+/*
+ Asks every other process of the region to suspend (status 2). Only processes alive in our
+ PID namespace are touched, never pid 0 (upstream's `kill(0, ..)` on a free slot signals the
+ caller's whole process group, B28), never this process. Our processes install no SIGUSR2
+ handler (it would replace the application's), so their status is set directly in their
+ slot; C HAMi-core peers also get SIGUSR2, as upstream sends.
+ */
+void suspend_all(void);
+
+/*
+ The reverse of `suspend_all` (status 1; SIGUSR1 to C peers), with the same safeguards.
+ */
+void resume_all(void);
+
+/*
+ 1 if this process's slot has status `status`, 0 if not, -1 if it has no slot. Does not wait
+ (callers loop with a sleep, as upstream's `ENSURE_RUNNING` does).
+ */
+int wait_status_self(int status);
+
+/*
+ 1 once every other live process of the region has status `status`, 0 if that did not happen
+ within `HAMI_WAIT_STATUS_ALL_MS` (polled every 10 ms). Free slots and dead processes do not
+ count (upstream's never converges on them, B3a).
+ */
+int wait_status_all(int status);
+
+/*
+ Logs (at Info level, `LIBCUDA_LOG_LEVEL=3`) the region's processes: pid, host pid, status,
+ and per device with anything recorded the SM utilisation, NVML-reported and recorded usage.
+ */
+void print_all(void);
+
+/*
+ SIGKILLs every other process of the region that is alive in our PID namespace and returns how
+ many were signalled (upstream has no caller; it kills every slot's pid, including pid 0 =
+ its own process group, itself, and pids of other namespaces).
+ */
+int active_oom_killer(void);
+
+/*
+ The region layout's major version this library writes (1).
+ */
+int shrreg_major_version(void);
+
+/*
+ The region layout's minor version this library writes (2).
+ */
+int shrreg_minor_version(void);
+
+/*
+ Writes the device count and UUIDs (from NVML, through the hooks) into the region. Returns 0;
+ without NVML (no UUID source installed, or NVML failing) it writes nothing and returns 0 too,
+ logging once. UUIDs are cut to 63 bytes: the rest of each 96-byte entry holds our SM bucket.
+ */
+int init_device_info(void);
+
+/*
+ Reads `KEY=VALUE` lines from `filename` and **sets them in the process environment**
+ (`setenv(KEY, VALUE, 1)`), which is this function's documented purpose upstream (HAMi's
+ `/overrideEnv`); like any `setenv`, it must not race with other threads reading the
+ environment. Blank lines and `#` comments are skipped, and a line without `=` is skipped with
+ a warning (upstream stops reading there); entries with a NUL byte are skipped. Returns 0
+ (also for a missing file, as upstream), or -1 for a NULL `filename` or an unreadable file.
+ The library's own configuration is not affected: it layers `/overrideEnv` itself.
+
+ # Safety
+
+ `filename` must be NULL or point to a NUL-terminated string.
+ */
+int load_env_from_file(char *filename);
+
+/*
+ 0 if `s1` and `s2` are equal ignoring ASCII case, else 1 (also when either is NULL).
+
+ # Safety
+
+ Each pointer must be NULL or point to a NUL-terminated string.
+ */
+int comparelwr(const char *s1, char *s2);
+
+/*
+ Reserves `bytes` of `kind` (0 context, 1 module, 2 data) on CUDA device `dev` for this
+ process, atomically against the device's limit across all processes (reserve, check the
+ aggregate, roll back on excess; usage of dead processes is reclaimed when it stands in the
+ way). Returns `HAMI_OK` (0) when admitted, `HAMI_REFUSED` (-1) when it would exceed the
+ limit (nothing reserved), `HAMI_ERROR` (-2) for a bad argument or no slot. Call it *before*
+ allocating; upstream's check-then-add lets concurrent allocations overshoot (B11).
+ */
+int hami_reserve(int dev, size_t bytes, int kind);
+
+/*
+ Returns `bytes` of `kind` on CUDA device `dev` reserved by `hami_reserve` (or recorded by
+ `add_gpu_device_memory_usage`) in this process. Returns `HAMI_OK`, or `HAMI_ERROR` for a bad
+ argument or no slot. Releasing more than is held stops at 0 (logged once).
+ */
+int hami_release(int dev, size_t bytes, int kind);
+
+/*
+ Bytes in use on CUDA device `dev` by all live processes of the region (what `hami_reserve`
+ admits against); 0 for a bad `dev`.
+ */
+uint64_t hami_device_usage(int dev);
+
+/*
+ Takes the region lock, waiting at most `timeout_ms` (0: one attempt), recovering it from a
+ dead holder. Returns `HAMI_OK`; `HAMI_TIMEOUT` (-1) if a live process held it throughout;
+ `HAMI_ALREADY_HELD` (-4) if the calling thread holds it; `HAMI_ERROR` (-2) for a negative
+ timeout, no region, or a corrupt semaphore. Held until `hami_unlock_region` (or
+ `unlock_shrreg`), which any thread of this process may call; it is not inherited by fork.
+ */
+int hami_lock_region(int timeout_ms);
+
+/*
+ Releases the region lock held by this process. Returns `HAMI_OK`, `HAMI_NOT_HELD` (-3) if
+ this process does not hold it, or `HAMI_ERROR`.
+ */
+int hami_unlock_region(void);
 
 #endif  /* HAMI_SHM_H */

@@ -1,0 +1,323 @@
+/*
+ * common.h: helpers shared by the hook tests (the t_*.c files beside it). The tests are built against
+ * fake_cuda.h / fake_nvml.h (same names, values and layouts as NVIDIA's headers), so the same
+ * sources run over the stand-in driver in CI and over the real driver in c-tests/gpu/run.sh.
+ *
+ * - CHECK(cond, fmt, ...) prints one "PASS"/"FAIL" line per check; finish() prints the tally and
+ *   returns the exit status (non-zero if any check failed).
+ * - region_*(): read the shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE) through hami_shm.h.
+ * - real_used(dev): the GPU memory really in use on NVML device `dev`: the fake driver's
+ *   fakeGpuRealUsed() when present, else the sum of NVML's per-process usage (on a GPU the tests
+ *   have to themselves, that is everything).
+ * - real_sym(lib, name): the library's own definition of `name`, found in its ELF symbol table,
+ *   bypassing dlsym (and so our hooks): for calling the real driver behind libvgpu's back.
+ */
+#ifndef HOOKS_COMMON_H
+#define HOOKS_COMMON_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_cuda.h"
+#include "fake_nvml.h"
+#include "hami_shm.h"
+
+#define MIB (1024ULL * 1024ULL)
+#define GIB (1024ULL * MIB)
+
+static int g_pass, g_fail;
+static const char *g_test = "test";
+
+#define CHECK(cond, ...)                                                                      \
+    do {                                                                                      \
+        int ok_ = !!(cond);                                                                   \
+        if (ok_)                                                                              \
+            g_pass++;                                                                         \
+        else                                                                                  \
+            g_fail++;                                                                         \
+        printf("%s [%s] ", ok_ ? "PASS" : "FAIL", g_test);                                    \
+        printf(__VA_ARGS__);                                                                  \
+        printf("\n");                                                                         \
+        fflush(stdout);                                                                       \
+    } while (0)
+
+#define INFO(...)                                                                             \
+    do {                                                                                      \
+        printf("     [%s] ", g_test);                                                         \
+        printf(__VA_ARGS__);                                                                  \
+        printf("\n");                                                                         \
+        fflush(stdout);                                                                       \
+    } while (0)
+
+/* A CUDA call that must succeed for the test to go on. */
+#define CU(call)                                                                              \
+    do {                                                                                      \
+        CUresult r_ = (call);                                                                 \
+        if (r_ != CUDA_SUCCESS) {                                                             \
+            printf("FAIL [%s] %s returned %d (%s:%d)\n", g_test, #call, (int)r_, __FILE__,     \
+                   __LINE__);                                                                 \
+            fflush(stdout);                                                                   \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static __attribute__((unused)) int finish(void)
+{
+    printf("%s: %d passed, %d failed\n", g_test, g_pass, g_fail);
+    fflush(stdout);
+    return g_fail ? 1 : 0;
+}
+
+static __attribute__((unused)) unsigned long long env_ull(const char *name, unsigned long long def)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return def;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 0);
+    switch (*end) {
+    case 'g': case 'G': v <<= 30; break;
+    case 'm': case 'M': v <<= 20; break;
+    case 'k': case 'K': v <<= 10; break;
+    default: break;
+    }
+    return v;
+}
+
+static __attribute__((unused)) double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* ---------------- the shared region ---------------- */
+
+static shared_region_t *g_region;
+
+static __attribute__((unused)) shared_region_t *region(void)
+{
+    if (g_region)
+        return g_region;
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    if (!path || !*path)
+        path = "/tmp/cudevshr.cache";
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        printf("FAIL [%s] cannot open the region %s: %s\n", g_test, path, strerror(errno));
+        exit(1);
+    }
+    void *p = mmap(NULL, sizeof(shared_region_t), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        printf("FAIL [%s] cannot map the region %s: %s\n", g_test, path, strerror(errno));
+        exit(1);
+    }
+    g_region = p;
+    return g_region;
+}
+
+/* Usage of region device `dev` by all live slots; `kind`: -1 total, 0 context, 1 module, 2 data. */
+static __attribute__((unused)) unsigned long long region_usage_kind(int dev, int kind)
+{
+    shared_region_t *r = region();
+    int n = r->proc_num;
+    if (n < 0)
+        n = 0;
+    if (n > ABI_SLOTS)
+        n = ABI_SLOTS;
+    unsigned long long sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (r->procs[i].pid == 0)
+            continue;
+        const device_memory_t *m = &r->procs[i].used[dev];
+        sum += kind == -1 ? m->total : kind == 0 ? m->context_size : kind == 1 ? m->module_size
+                                                                             : m->data_size;
+    }
+    return sum;
+}
+
+static __attribute__((unused)) unsigned long long region_usage(int dev) { return region_usage_kind(dev, -1); }
+
+/* Live slots in the region. */
+static __attribute__((unused)) int region_live_slots(void)
+{
+    shared_region_t *r = region();
+    int n = r->proc_num, live = 0;
+    if (n > ABI_SLOTS)
+        n = ABI_SLOTS;
+    for (int i = 0; i < n; i++)
+        live += r->procs[i].pid != 0;
+    return live;
+}
+
+/* ---------------- the real driver, behind the hooks ---------------- */
+
+/* `name` as defined in the already loaded library `lib` (its .dynsym), or NULL. */
+static __attribute__((unused)) void *real_sym(const char *lib, const char *name)
+{
+    void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen(lib, RTLD_NOW);
+    if (!h)
+        return NULL;
+    struct link_map *lm = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm || !lm->l_name || !*lm->l_name)
+        return NULL;
+    int fd = open(lm->l_name, O_RDONLY);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    void *result = NULL;
+    if (fstat(fd, &st) == 0) {
+        unsigned char *f = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (f != MAP_FAILED) {
+            const Elf64_Ehdr *eh = (const Elf64_Ehdr *)f;
+            const Elf64_Shdr *sh = (const Elf64_Shdr *)(f + eh->e_shoff);
+            for (int i = 0; i < eh->e_shnum && !result; i++) {
+                if (sh[i].sh_type != SHT_DYNSYM)
+                    continue;
+                const Elf64_Sym *syms = (const Elf64_Sym *)(f + sh[i].sh_offset);
+                const char *strs = (const char *)(f + sh[sh[i].sh_link].sh_offset);
+                size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
+                for (size_t j = 0; j < n; j++) {
+                    if (syms[j].st_value && syms[j].st_shndx != SHN_UNDEF &&
+                        strcmp(strs + syms[j].st_name, name) == 0) {
+                        result = (void *)(lm->l_addr + syms[j].st_value);
+                        break;
+                    }
+                }
+            }
+            munmap(f, (size_t)st.st_size);
+        }
+    }
+    close(fd);
+    return result;
+}
+
+/* ---------------- real device usage ---------------- */
+
+typedef unsigned long long (*fake_used_fn)(int);
+typedef unsigned long long (*fake_proc_used_fn)(int, int);
+typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+
+/* Whether the stand-in driver is loaded (its test exports exist). */
+static __attribute__((unused)) int on_fake(void) { return dlsym(RTLD_DEFAULT, "fakeGpuRealUsed") != NULL; }
+
+static __attribute__((unused)) unsigned long long nvml_process_sum(int dev, int only_pid)
+{
+    static int inited;
+    if (!inited) {
+        nvmlInit_v2();
+        inited = 1;
+    }
+    nvmlDevice_t h;
+    if (nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &h) != NVML_SUCCESS)
+        return 0;
+    nvmlProcessInfo_t infos[256];
+    unsigned int n = 256;
+    if (nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos) != NVML_SUCCESS)
+        return 0;
+    unsigned long long sum = 0;
+    for (unsigned i = 0; i < n && i < 256; i++) {
+        if (infos[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE)
+            continue;
+        if (only_pid && (int)infos[i].pid != only_pid)
+            continue;
+        sum += infos[i].usedGpuMemory;
+    }
+    return sum;
+}
+
+/* Bytes really in use on NVML device `dev` (all processes). */
+static __attribute__((unused)) unsigned long long real_used(int dev)
+{
+    fake_used_fn f = (fake_used_fn)dlsym(RTLD_DEFAULT, "fakeGpuRealUsed");
+    if (f)
+        return f(dev);
+    return nvml_process_sum(dev, 0);
+}
+
+/* Bytes really in use on NVML device `dev` by process `pid`. */
+static __attribute__((unused)) unsigned long long real_used_by(int dev, int pid)
+{
+    fake_proc_used_fn f = (fake_proc_used_fn)dlsym(RTLD_DEFAULT, "fakeGpuProcessUsed");
+    if (f)
+        return f(dev, pid);
+    return nvml_process_sum(dev, pid);
+}
+
+/* ---------------- CUDA helpers ---------------- */
+
+/* used = total - free, as an application sees it through cuMemGetInfo_v2. */
+static __attribute__((unused)) unsigned long long seen_used(void)
+{
+    size_t fr = 0, tot = 0;
+    CU(cuMemGetInfo_v2(&fr, &tot));
+    return (unsigned long long)(tot - fr);
+}
+
+static __attribute__((unused)) unsigned long long granularity(CUdevice dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t g = 0;
+    if (cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+        g == 0)
+        g = 2 * MIB;
+    return g;
+}
+
+static __attribute__((unused)) unsigned long long round_up(unsigned long long v, unsigned long long g)
+{
+    return (v + g - 1) / g * g;
+}
+
+/* Runs `argv` in a child with extra environment `env` (NAME=VALUE strings, NULL-terminated);
+ * returns its pid. */
+static __attribute__((unused)) pid_t spawn(char *const argv[], char *const env[])
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (int i = 0; env && env[i]; i++)
+            putenv(env[i]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits for `pid`; its exit status, or 128 + signal. */
+static __attribute__((unused)) int wait_status(pid_t pid)
+{
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return 255;
+}
+
+#endif /* HOOKS_COMMON_H */

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# run.sh BUILD FAKE LIBVGPU: runs every hook test over the stand-in driver, each under
+# LD_PRELOAD=LIBVGPU with its own FAKE_GPU_STATE and CUDA_DEVICE_MEMORY_SHARED_CACHE, and prints a
+# summary. Exit status 1 if any test failed.
+set -u
+build=$(cd "$1" && pwd)
+fake=$(cd "$2" && pwd)
+vgpu=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
+here=$(cd "$(dirname "$0")" && pwd)
+[ -f "$vgpu" ] || { echo "no $vgpu: build it first (cargo build --release -p hami-vgpu)"; exit 1; }
+[ -f "$fake/libcuda.so.1" ] || { echo "no stand-in driver in $fake"; exit 1; }
+
+tmp=$(mktemp -d /tmp/hk-run.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+declare -a rows=()
+failed=0
+
+# t NAME TIMEOUT ENV... -- COMMAND...
+t() {
+    local name=$1 limit=$2; shift 2
+    local -a envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    local state="$tmp/$name.state" cache="$tmp/$name.region" log="$tmp/$name.log"
+    local start=$SECONDS
+    echo "=== $name"
+    env FAKE_GPU_STATE="$state" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cache" \
+        LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LD_PRELOAD="$vgpu" \
+        "${envs[@]}" timeout -k 5 "$limit" "$@" >"$log" 2>&1
+    local rc=$?
+    cat "$log"
+    local np nf
+    np=$(grep -c '^PASS' "$log")
+    nf=$(grep -c '^FAIL' "$log")
+    local verdict=ok
+    if [ "$rc" -ne 0 ] || [ "$nf" -ne 0 ] || [ "$np" -eq 0 ]; then
+        verdict=FAILED
+        failed=$((failed + 1))
+        [ "$rc" -eq 124 ] && verdict="FAILED (timeout)"
+    fi
+    rows+=("$(printf '%-16s %-18s %4s pass %3s fail  rc %-3s %3ss' "$name" "$verdict" "$np" "$nf" "$rc" $((SECONDS - start)))")
+}
+
+t limit 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g -- "$build/t_limit"
+t limit-pidns 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_NVML_PID_OFFSET=100000 -- "$build/t_limit"
+t limit-2m-ctx 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=2m -- "$build/t_limit"
+t paths 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- "$build/t_paths"
+t paths-64k 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m FAKE_GPU_GRANULE=64k -- "$build/t_paths"
+t resolve 60 CUDA_DEVICE_MEMORY_LIMIT=1g -- "$build/t_resolve"
+t multi 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g HK_PROCS=8 FAKE_CTX_BYTES=32m HAMI_CONTEXT_SIZE=32m -- "$build/t_multi"
+t sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_sigkill"
+t devices 120 FAKE_CUDA_DEVICES=2 CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g FAKE_CTX_BYTES=64m -- "$build/t_devices"
+t config 120 -- bash "$here/config.sh" "$build"
+if command -v python3 >/dev/null; then
+    t ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- python3 "$here/t_ctypes.py"
+else
+    rows+=("ctypes           SKIPPED (no python3)")
+fi
+
+echo "=== hook tests over the stand-in driver"
+printf '%s\n' "${rows[@]}"
+[ "$failed" -eq 0 ] && echo "all passed" || echo "$failed test(s) failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,522 @@
+//! Contexts: their own memory counts against the limit (as `Kind::Context`), and destroying one
+//! releases everything allocated in it.
+//!
+//! A context costs the GPU hundreds of MiB (its local-memory, printf and heap reservations, and
+//! on real GPUs the runtime's first module loads), and the limit is about the memory the
+//! container's processes really use as NVML reports it. So each `cuCtxCreate*` and the first
+//! `cuDevicePrimaryCtxRetain` per device:
+//!
+//! 1. reserves an *estimate* first (admission before creation; refused → `CUDA_ERROR_OUT_OF_MEMORY`
+//!    and no context): the last cost measured on that device in this process, else
+//!    `HAMI_CONTEXT_SIZE` (a size such as `512m`), else 256 MiB;
+//! 2. creates the context, then **measures** its cost: this process's usage of the device in
+//!    NVML's process list after minus before. The process is found by its pid, by the host pid
+//!    in its slot, or, for the first context of a process in another pid namespace, as the one
+//!    process that appeared in the list (that pid is then remembered). If it cannot be
+//!    measured, the estimate stands;
+//! 3. moves the reservation to the measured cost. If the larger cost no longer fits, the
+//!    context is destroyed again and the call returns `CUDA_ERROR_OUT_OF_MEMORY`, so the real
+//!    usage stays within the limit.
+//!
+//! The cost is released by `cuCtxDestroy*`, or by the `cuDevicePrimaryCtxRelease*` that drops
+//! this process's retain count to zero. `cuDevicePrimaryCtxReset*` frees the context's
+//! allocations (their records are released) but keeps the context's own cost, since the
+//! context is re-created on next use.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use hami_shm::layout::ABI_DEVS;
+use hami_shm::platform::Platform;
+use hami_shm::seqlock::Kind;
+
+use crate::log::{log_debug, log_error};
+use crate::runtime::Runtime;
+
+use super::devices;
+use super::table::{self, Key, Record};
+use super::types::*;
+use super::{active, adjust, guard, real, refused};
+
+/// The estimate when nothing better is known.
+pub const DEFAULT_CONTEXT_ESTIMATE: u64 = 256 << 20;
+/// The variable that overrides [`DEFAULT_CONTEXT_ESTIMATE`].
+pub const CONTEXT_SIZE_VAR: &str = "HAMI_CONTEXT_SIZE";
+
+/// The last measured context cost per region device (0 = none yet).
+static LAST_COST: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
+/// The pid NVML reports for this process, once known (0 = unknown).
+static NVML_PID: AtomicU32 = AtomicU32::new(0);
+
+fn configured_estimate() -> u64 {
+    static CACHE: AtomicU64 = AtomicU64::new(0);
+    let c = CACHE.load(Ordering::Relaxed);
+    if c != 0 {
+        return c;
+    }
+    let v = match std::env::var(CONTEXT_SIZE_VAR) {
+        Ok(s) => match hami_shm::envparse::parse_size(&s) {
+            Ok(n) if n > 0 => n,
+            Ok(_) => DEFAULT_CONTEXT_ESTIMATE,
+            Err(e) => {
+                log_error!(
+                    "{CONTEXT_SIZE_VAR}={e}; using the default context estimate of {} MiB",
+                    DEFAULT_CONTEXT_ESTIMATE >> 20
+                );
+                DEFAULT_CONTEXT_ESTIMATE
+            }
+        },
+        Err(_) => DEFAULT_CONTEXT_ESTIMATE,
+    };
+    CACHE.store(v, Ordering::Relaxed);
+    v
+}
+
+fn estimate(dev: usize) -> u64 {
+    match LAST_COST.get(dev).map(|c| c.load(Ordering::Relaxed)) {
+        Some(c) if c != 0 => c,
+        _ => configured_estimate(),
+    }
+}
+
+/// NVML's process list for region device `dev`: `(pid, used bytes)`.
+fn processes(dev: usize) -> Option<Vec<(u32, u64)>> {
+    let h = devices::nvml_handle(dev)?;
+    let v2 = real::nvmlDeviceGetComputeRunningProcesses_v3
+        .get()
+        .or_else(|| real::nvmlDeviceGetComputeRunningProcesses_v2.get());
+    let mut cap = 64u32;
+    for _ in 0..4 {
+        let mut n = cap;
+        let r;
+        let out: Vec<(u32, u64)>;
+        if let Some(f) = v2 {
+            let mut buf = vec![NvmlProcessInfo::default(); cap as usize];
+            // SAFETY: the real query writes at most `n` entries into our buffer of `cap`.
+            r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
+            out = buf
+                .iter()
+                .take(n.min(cap) as usize)
+                .map(|p| (p.pid, p.used_gpu_memory))
+                .collect();
+        } else {
+            let f = real::nvmlDeviceGetComputeRunningProcesses.get()?;
+            let mut buf = vec![NvmlProcessInfoV1::default(); cap as usize];
+            // SAFETY: as above, with the v1 entry layout.
+            r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
+            out = buf
+                .iter()
+                .take(n.min(cap) as usize)
+                .map(|p| (p.pid, p.used_gpu_memory))
+                .collect();
+        }
+        if r == NvmlReturn::INSUFFICIENT_SIZE {
+            cap = n.max(cap.saturating_mul(2)).min(1 << 16);
+            continue;
+        }
+        return r.ok().then_some(out);
+    }
+    None
+}
+
+/// Pids that may be this process in NVML's list: a remembered one, the host pid in our slot,
+/// our own pid.
+fn my_pids(rt: &Runtime) -> [u32; 3] {
+    let host = rt
+        .own_slot()
+        .and_then(|s| rt.region.procs.get(s))
+        .map_or(0, |s| s.hostpid.load(Ordering::Relaxed) as u32);
+    let me = rt.platform.self_id().pid() as u32;
+    [NVML_PID.load(Ordering::Relaxed), host, me]
+}
+
+fn usage_of(list: &[(u32, u64)], pid: u32) -> Option<u64> {
+    if pid == 0 {
+        return None;
+    }
+    list.iter()
+        .find(|(p, _)| *p == pid)
+        .map(|&(_, u)| u)
+        .filter(|&u| u != u64::MAX)
+}
+
+/// The context's cost: our NVML usage of `dev` after creation minus `before`.
+fn measure(rt: &Runtime, dev: usize, before: Option<&[(u32, u64)]>, first: bool) -> Option<u64> {
+    let after = processes(dev)?;
+    for pid in my_pids(rt) {
+        if let Some(u) = usage_of(&after, pid) {
+            let b = before.and_then(|l| usage_of(l, pid)).unwrap_or(0);
+            return Some(u.saturating_sub(b));
+        }
+    }
+    // Another pid namespace and no host pid known: the one process that appeared is us, if this
+    // is the process's first context (otherwise our pid was already listed before).
+    let before = before?;
+    if !first {
+        return None;
+    }
+    let mut new = after
+        .iter()
+        .filter(|(p, _)| !before.iter().any(|(q, _)| q == p));
+    let (pid, used) = *new.next()?;
+    if new.next().is_some() || used == u64::MAX {
+        return None;
+    }
+    NVML_PID.store(pid, Ordering::Relaxed);
+    Some(used)
+}
+
+/// Whether this process has no context of its own recorded yet.
+fn first_context() -> bool {
+    NVML_PID.load(Ordering::Relaxed) == 0
+        && LAST_COST.iter().all(|c| c.load(Ordering::Relaxed) == 0)
+}
+
+/// Creates a context with admission and measurement (module docs). `create` makes it; `undo`
+/// destroys it again. Returns the driver's result (or OOM) and the bytes reserved.
+fn create_counted(
+    rt: &Runtime,
+    what: &str,
+    dev: usize,
+    create: impl FnOnce() -> CUresult,
+    undo: impl FnOnce(),
+) -> (CUresult, u64) {
+    let est = estimate(dev);
+    if let Err(oom) = super::memory::reserve(rt, dev, Kind::Context, est) {
+        return (refused(what, dev, est, oom), 0);
+    }
+    let first = first_context();
+    let before = processes(dev);
+    let r = create();
+    if !r.ok() {
+        rt.release(dev, Kind::Context, est);
+        return (r, 0);
+    }
+    let cost = match measure(rt, dev, before.as_deref(), first) {
+        Some(c) if c > 0 => {
+            if let Some(slot) = LAST_COST.get(dev) {
+                slot.store(c, Ordering::Relaxed);
+            }
+            c
+        }
+        _ => est,
+    };
+    log_debug!("{what}: context on device {dev} costs {cost} bytes (estimate {est})");
+    if let Err(oom) = adjust(rt, dev, Kind::Context, est, cost) {
+        undo();
+        rt.release(dev, Kind::Context, est);
+        return (refused(what, dev, cost, oom), 0);
+    }
+    (r, cost)
+}
+
+/// Releases every allocation record owned by context `ctx`.
+fn release_owned(rt: &Runtime, ctx: usize) {
+    table::remove_context(ctx, |_, r| super::memory::release_record(rt, &r));
+}
+
+fn destroy_ctx(ctx: CUcontext) {
+    if let Some(f) = real::cuCtxDestroy_v2
+        .get()
+        .or_else(|| real::cuCtxDestroy.get())
+    {
+        // SAFETY: destroying the context the driver just created for us.
+        let _ = unsafe { f(ctx) };
+    }
+}
+
+/// A `cuCtxCreate*` variant: `create` makes the context into `*pctx` on CUDA device `ordinal`.
+fn ctx_create(
+    what: &str,
+    pctx: *mut CUcontext,
+    ordinal: CUdevice,
+    create: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(a) = active() else {
+        return create();
+    };
+    if pctx.is_null() {
+        return create();
+    }
+    let Some(dev) = devices::region_index(a.rt, ordinal) else {
+        return create();
+    };
+    let (r, cost) = create_counted(a.rt, what, dev, create, || {
+        // SAFETY: the driver succeeded, so `*pctx` holds the new context.
+        destroy_ctx(unsafe { *pctx })
+    });
+    if r.ok() {
+        // SAFETY: as above.
+        let ctx = unsafe { *pctx } as usize;
+        if let Some(old) = table::insert(
+            Key::Ctx(ctx),
+            Record {
+                dev,
+                bytes: cost,
+                kind: Kind::Context,
+                ctx,
+                refs: 1,
+                pool: 0,
+            },
+        ) {
+            a.rt.release(old.dev, old.kind, old.bytes);
+        }
+    }
+    r
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuCtxCreate_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuCtxCreate.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuCtxCreate_v3.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        ctx_create("cuCtxCreate_v3", pctx, dev, || {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            unsafe { f(pctx, params, num_params, flags, dev) }
+        })
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuCtxCreate_v4.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        ctx_create("cuCtxCreate_v4", pctx, dev, || {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            unsafe { f(pctx, params, flags, dev) }
+        })
+    })
+}
+
+/// After a successful destruction of `ctx`: releases its cost and its allocations.
+fn ctx_destroyed(ctx: CUcontext) {
+    let Some(a) = active() else {
+        return;
+    };
+    let ctx = ctx as usize;
+    if let Some(rec) = table::remove(Key::Ctx(ctx)) {
+        a.rt.release(rec.dev, rec.kind, rec.bytes);
+    }
+    release_owned(a.rt, ctx);
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuCtxDestroy_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        let r = unsafe { f(ctx) };
+        if r.ok() {
+            ctx_destroyed(ctx);
+        }
+        r
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuCtxDestroy.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        let r = unsafe { f(ctx) };
+        if r.ok() {
+            ctx_destroyed(ctx);
+        }
+        r
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuDevicePrimaryCtxRetain.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let call = || unsafe { f(pctx, dev) };
+        let Some(a) = active() else {
+            return call();
+        };
+        if pctx.is_null() {
+            return call();
+        }
+        let Some(idx) = devices::region_index(a.rt, dev) else {
+            return call();
+        };
+        let retained = table::get(Key::Primary(dev)).is_some_and(|r| r.refs > 0);
+        if retained {
+            let r = call();
+            if r.ok() {
+                let init = Record {
+                    dev: idx,
+                    bytes: 0,
+                    kind: Kind::Context,
+                    ctx: 0,
+                    refs: 0,
+                    pool: 0,
+                };
+                table::update(Key::Primary(dev), init, |rec| {
+                    rec.refs = rec.refs.saturating_add(1);
+                    true
+                });
+            }
+            return r;
+        }
+        let (r, cost) = create_counted(a.rt, "cuDevicePrimaryCtxRetain", idx, call, || {
+            if let Some(rel) = real::cuDevicePrimaryCtxRelease_v2
+                .get()
+                .or_else(|| real::cuDevicePrimaryCtxRelease.get())
+            {
+                // SAFETY: dropping the retain the driver just granted.
+                let _ = unsafe { rel(dev) };
+            }
+        });
+        if r.ok() {
+            // SAFETY: the driver succeeded, so `*pctx` holds the primary context.
+            let ctx = unsafe { *pctx } as usize;
+            let init = Record {
+                dev: idx,
+                bytes: 0,
+                kind: Kind::Context,
+                ctx,
+                refs: 0,
+                pool: 0,
+            };
+            let mut surplus = 0;
+            table::update(Key::Primary(dev), init, |rec| {
+                if rec.refs == 0 {
+                    rec.bytes = cost;
+                    rec.ctx = ctx;
+                    rec.dev = idx;
+                } else {
+                    surplus = cost; // another thread counted it first
+                }
+                rec.refs = rec.refs.saturating_add(1);
+                true
+            });
+            if surplus > 0 {
+                a.rt.release(idx, Kind::Context, surplus);
+            }
+        }
+        r
+    })
+}
+
+/// After a successful primary-context release of CUDA device `dev`.
+fn primary_released(dev: CUdevice) {
+    let Some(a) = active() else {
+        return;
+    };
+    let Some(rec) = table::get(Key::Primary(dev)) else {
+        return;
+    };
+    let after = table::update(Key::Primary(dev), rec, |r| {
+        r.refs = r.refs.saturating_sub(1);
+        r.refs > 0
+    });
+    if after.refs == 0 {
+        a.rt.release(after.dev, Kind::Context, after.bytes);
+        release_owned(a.rt, after.ctx);
+    }
+}
+
+macro_rules! primary_release {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(f) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                // SAFETY: forwarding the caller's argument unchanged.
+                let r = unsafe { f(dev) };
+                if r.ok() {
+                    primary_released(dev);
+                }
+                r
+            })
+        }
+    };
+}
+primary_release!(cuDevicePrimaryCtxRelease);
+primary_release!(cuDevicePrimaryCtxRelease_v2);
+
+macro_rules! primary_reset {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(f) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                // SAFETY: forwarding the caller's argument unchanged.
+                let r = unsafe { f(dev) };
+                if r.ok() {
+                    if let (Some(a), Some(rec)) = (active(), table::get(Key::Primary(dev))) {
+                        release_owned(a.rt, rec.ctx);
+                    }
+                }
+                r
+            })
+        }
+    };
+}
+primary_reset!(cuDevicePrimaryCtxReset);
+primary_reset!(cuDevicePrimaryCtxReset_v2);

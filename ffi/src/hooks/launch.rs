@@ -1,0 +1,189 @@
+//! Kernel launches and `cuInit`: every launch form (legacy and per-thread default stream,
+//! `cuLaunchKernelEx`, cooperative launches and graph launches) passes through
+//! [`crate::sm_limit::before_launch`] with the region device of the current context and the
+//! launch's block count, then the real launch. A graph launch's block count is not known (its
+//! kernels were captured earlier), so it is reported as 0.
+
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::types::*;
+use super::{devices, guard, nvml, real};
+
+/// Calls the SM limiter for a launch of `blocks` blocks on the current device.
+fn before_launch(blocks: u64) {
+    let Some(rt) = crate::runtime::get() else {
+        return;
+    };
+    start_limiter(rt);
+    if let Some((_, dev)) = devices::current(rt) {
+        crate::sm_limit::before_launch(dev, blocks);
+    }
+}
+
+/// Starts the SM limiter (once), handing it the NVML utilisation source.
+pub(crate) fn start_limiter(rt: &'static crate::runtime::Runtime) {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.load(Ordering::Relaxed) || STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    crate::sm_limit::start(rt, nvml::container_sm_util);
+}
+
+fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
+    u64::from(x)
+        .saturating_mul(u64::from(y))
+        .saturating_mul(u64::from(z))
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuInit.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        let r = unsafe { f(flags) };
+        if r.ok() {
+            if let Some(rt) = crate::runtime::get() {
+                start_limiter(rt);
+            }
+        }
+        r
+    })
+}
+
+macro_rules! launch_kernel {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            h_stream: CUstream,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(real_fn) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                before_launch(blocks(grid_x, grid_y, grid_z));
+                // SAFETY: forwarding the caller's arguments unchanged.
+                unsafe {
+                    real_fn(
+                        f,
+                        grid_x,
+                        grid_y,
+                        grid_z,
+                        block_x,
+                        block_y,
+                        block_z,
+                        shared_mem_bytes,
+                        h_stream,
+                        kernel_params,
+                        extra,
+                    )
+                }
+            })
+        }
+    };
+}
+launch_kernel!(cuLaunchKernel);
+launch_kernel!(cuLaunchKernel_ptsz);
+
+macro_rules! launch_cooperative {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            h_stream: CUstream,
+            kernel_params: *mut *mut c_void,
+        ) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(real_fn) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                before_launch(blocks(grid_x, grid_y, grid_z));
+                // SAFETY: forwarding the caller's arguments unchanged.
+                unsafe {
+                    real_fn(
+                        f,
+                        grid_x,
+                        grid_y,
+                        grid_z,
+                        block_x,
+                        block_y,
+                        block_z,
+                        shared_mem_bytes,
+                        h_stream,
+                        kernel_params,
+                    )
+                }
+            })
+        }
+    };
+}
+launch_cooperative!(cuLaunchCooperativeKernel);
+launch_cooperative!(cuLaunchCooperativeKernel_ptsz);
+
+macro_rules! launch_ex {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(real_fn) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                // SAFETY: null-checked; per the API a non-null config points to a CUlaunchConfig.
+                if let Some(c) = unsafe { config.as_ref() } {
+                    before_launch(blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
+                }
+                // SAFETY: forwarding the caller's arguments unchanged.
+                unsafe { real_fn(config, f, kernel_params, extra) }
+            })
+        }
+    };
+}
+launch_ex!(cuLaunchKernelEx);
+launch_ex!(cuLaunchKernelEx_ptsz);
+
+macro_rules! graph_launch {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: CUgraphExec, h_stream: CUstream) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(real_fn) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                before_launch(0);
+                // SAFETY: forwarding the caller's arguments unchanged.
+                unsafe { real_fn(exec, h_stream) }
+            })
+        }
+    };
+}
+graph_launch!(cuGraphLaunch);
+graph_launch!(cuGraphLaunch_ptsz);

@@ -1,0 +1,1198 @@
+//! Allocation hooks and the virtualised memory views.
+//!
+//! | API | device | bytes reserved |
+//! |---|---|---|
+//! | `cuMemAlloc(_v2)`, `cuMemAllocManaged` | current context's | size rounded up to the granularity |
+//! | `cuMemAllocPitch(_v2)` | current context's | `pitch × height` as returned, rounded (reserved first for the width rounded to 512 bytes, then adjusted) |
+//! | `cuMemCreate` (device location only) | `prop.location.id` | size rounded to the prop's minimum granularity |
+//! | `cuMemAllocAsync(_ptsz)` | current context's | size rounded |
+//! | `cuMemAllocFromPoolAsync(_ptsz)` | the pool's (from `cuMemPoolCreate`), else current | size rounded |
+//! | `cuArrayCreate(_v2)`, `cuArray3DCreate(_v2)`, `cuMipmappedArrayCreate` | current context's | elements × channels × element size (every level, for mipmaps), rounded; then the driver's `cu*GetMemoryRequirements` size where it has one |
+//!
+//! Frees (`cuMemFree(_v2)`, `cuMemFreeAsync(_ptsz)`, `cuMemRelease`, `cuArrayDestroy`,
+//! `cuMipmappedArrayDestroy`) release the record's bytes after the driver succeeded; a pointer
+//! without a record is passed through. Destroying a context releases every record it owned
+//! ([`super::context`]). Host memory (`cuMemAllocHost`, `cuMemHostAlloc`, registration) is not
+//! device memory and is not hooked.
+//!
+//! Views: `cuMemGetInfo(_v2)` reports `total = min(limit, real total)` and
+//! `free = min(total − usage, real free)` (never below 0); `cuDeviceTotalMem(_v2)` reports
+//! `min(limit, real total)`. With no limit on the device both pass through unchanged.
+
+use std::ffi::{c_uint, c_void};
+
+use hami_shm::seqlock::Kind;
+
+use crate::runtime::Runtime;
+
+use super::devices::{self, granularity, round_up};
+use super::table::{self, Key, Record};
+use super::types::*;
+use super::{active, adjust, guard, real, refused, Active};
+
+/// Records a successful allocation, releasing any stale record the key replaces.
+fn record(rt: &Runtime, key: Key, rec: Record) {
+    if let Some(old) = table::insert(key, rec) {
+        release_record(rt, &old);
+    }
+}
+
+/// Gives back what a freed allocation accounted: to the region, or, for pool memory, to its
+/// pool's reserve (which stays accounted until the pool is trimmed or destroyed).
+pub(crate) fn release_record(rt: &Runtime, rec: &Record) {
+    if rec.pool == 0 {
+        rt.release(rec.dev, rec.kind, rec.bytes);
+        return;
+    }
+    let direct = table::with_pools(|m| match m.get_mut(&rec.pool) {
+        Some(st) => {
+            st.inuse = st.inuse.saturating_sub(rec.bytes);
+            if st.destroyed {
+                st.reserved = st.reserved.saturating_sub(rec.bytes);
+                rt.release(st.dev, Kind::Data, rec.bytes);
+                if st.inuse == 0 {
+                    m.remove(&rec.pool);
+                }
+            }
+            false
+        }
+        None => true,
+    });
+    if direct {
+        rt.release(rec.dev, rec.kind, rec.bytes);
+    }
+}
+
+/// Reserves `bytes` on `dev`, runs the real allocation, and records the result under the key
+/// `key` reads back (called only on success). Rolls back if the driver fails.
+fn admitted(
+    a: &Active,
+    what: &str,
+    dev: usize,
+    bytes: u64,
+    ctx: usize,
+    call: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> Key,
+) -> CUresult {
+    if let Err(oom) = reserve(a.rt, dev, Kind::Data, bytes) {
+        return refused(what, dev, bytes, oom);
+    }
+    let r = call();
+    if !r.ok() {
+        a.rt.release(dev, Kind::Data, bytes);
+        return r;
+    }
+    record(a.rt, key(), Record::data(dev, bytes, ctx));
+    r
+}
+
+/// Runs the real free of `key` and, if it succeeds, releases its record.
+fn freed(key: Key, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(a) = active() else {
+        return call();
+    };
+    let rec = table::remove(key);
+    let r = call();
+    match rec {
+        Some(rec) if r.ok() => release_record(a.rt, &rec),
+        // The driver refused the free: the memory is still allocated.
+        Some(rec) => {
+            let _ = table::insert(key, rec);
+        }
+        None => {}
+    }
+    r
+}
+
+/// A plain device allocation on the current device: `size` requested, the pointer written to
+/// `out` by `call`.
+fn device_alloc(
+    what: &str,
+    size: u64,
+    out_valid: bool,
+    call: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> Key,
+) -> CUresult {
+    let Some(a) = active() else {
+        return call();
+    };
+    if !out_valid || size == 0 {
+        return call(); // the driver reports the error
+    }
+    let Some((ord, dev)) = devices::current(a.rt) else {
+        return call();
+    };
+    let bytes = round_up(size, granularity(ord));
+    admitted(&a, what, dev, bytes, devices::current_ctx(), call, key)
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemAlloc_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        device_alloc(
+            "cuMemAlloc",
+            bytesize as u64,
+            !dptr.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(dptr, bytesize) },
+            // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
+            || Key::Ptr(unsafe { *dptr }),
+        )
+    })
+}
+
+/// The legacy 32-bit `cuMemAlloc`.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptrV1, bytesize: c_uint) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemAlloc.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        device_alloc(
+            "cuMemAlloc",
+            u64::from(bytesize),
+            !dptr.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(dptr, bytesize) },
+            // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
+            || Key::Ptr(u64::from(unsafe { *dptr })),
+        )
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemAllocManaged.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        device_alloc(
+            "cuMemAllocManaged",
+            bytesize as u64,
+            !dptr.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(dptr, bytesize, flags) },
+            // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
+            || Key::Ptr(unsafe { *dptr }),
+        )
+    })
+}
+
+/// What a pitched allocation reserves before the driver picks the pitch.
+const PITCH_GUESS_ALIGN: u64 = 512;
+
+/// A pitched allocation: reserve a guess, call, then adjust to `pitch × height`.
+fn pitch_alloc(
+    width: u64,
+    height: u64,
+    out_valid: bool,
+    call: impl FnOnce() -> CUresult,
+    result: impl FnOnce() -> (u64, u64),
+    undo: impl FnOnce(u64),
+) -> CUresult {
+    let Some(a) = active() else {
+        return call();
+    };
+    if !out_valid || width == 0 || height == 0 {
+        return call();
+    }
+    let Some((ord, dev)) = devices::current(a.rt) else {
+        return call();
+    };
+    let g = granularity(ord);
+    let guess = round_up(round_up(width, PITCH_GUESS_ALIGN).saturating_mul(height), g);
+    if let Err(oom) = reserve(a.rt, dev, Kind::Data, guess) {
+        return refused("cuMemAllocPitch", dev, guess, oom);
+    }
+    let r = call();
+    if !r.ok() {
+        a.rt.release(dev, Kind::Data, guess);
+        return r;
+    }
+    let (ptr, pitch) = result();
+    let actual = round_up(pitch.saturating_mul(height), g);
+    if let Err(oom) = adjust(a.rt, dev, Kind::Data, guess, actual) {
+        undo(ptr);
+        a.rt.release(dev, Kind::Data, guess);
+        return refused("cuMemAllocPitch", dev, actual, oom);
+    }
+    record(
+        a.rt,
+        Key::Ptr(ptr),
+        Record::data(dev, actual, devices::current_ctx()),
+    );
+    r
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    p_pitch: *mut usize,
+    width_in_bytes: usize,
+    height: usize,
+    element_size_bytes: c_uint,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemAllocPitch_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        pitch_alloc(
+            width_in_bytes as u64,
+            height as u64,
+            !dptr.is_null() && !p_pitch.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
+            // SAFETY: the driver succeeded and wrote both outputs.
+            || unsafe { (*dptr, *p_pitch as u64) },
+            |ptr| {
+                if let Some(free) = real::cuMemFree_v2.get() {
+                    // SAFETY: freeing the allocation the driver just made.
+                    let _ = unsafe { free(ptr) };
+                }
+            },
+        )
+    })
+}
+
+/// The legacy 32-bit `cuMemAllocPitch`.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut CUdeviceptrV1,
+    p_pitch: *mut c_uint,
+    width_in_bytes: c_uint,
+    height: c_uint,
+    element_size_bytes: c_uint,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemAllocPitch.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        pitch_alloc(
+            u64::from(width_in_bytes),
+            u64::from(height),
+            !dptr.is_null() && !p_pitch.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
+            // SAFETY: the driver succeeded and wrote both outputs.
+            || unsafe { (u64::from(*dptr), u64::from(*p_pitch)) },
+            |ptr| {
+                if let Some(free) = real::cuMemFree.get() {
+                    // SAFETY: freeing the allocation the driver just made.
+                    let _ = unsafe { free(ptr as CUdeviceptrV1) };
+                }
+            },
+        )
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemFree_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        let call = || unsafe { f(dptr) };
+        if dptr == 0 {
+            return call();
+        }
+        freed(Key::Ptr(dptr), call)
+    })
+}
+
+/// The legacy 32-bit `cuMemFree`.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptrV1) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemFree.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        let call = || unsafe { f(dptr) };
+        if dptr == 0 {
+            return call();
+        }
+        freed(Key::Ptr(u64::from(dptr)), call)
+    })
+}
+
+// ---- VMM ----------------------------------------------------------------------------------
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemCreate.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let call = || unsafe { f(handle, size, prop, flags) };
+        let Some(a) = active() else {
+            return call();
+        };
+        if handle.is_null() || prop.is_null() || size == 0 {
+            return call();
+        }
+        // SAFETY: `prop` is non-null and, per the API, points to a CUmemAllocationProp.
+        let p = unsafe { *prop };
+        if p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+            return call(); // host memory
+        }
+        let ord = p.location.id;
+        let Some(dev) = devices::region_index(a.rt, ord) else {
+            return call();
+        };
+        let g = devices::prop_granularity(&p).unwrap_or_else(|| granularity(ord));
+        let bytes = round_up(size as u64, g);
+        admitted(&a, "cuMemCreate", dev, bytes, 0, call, || {
+            // SAFETY: read only after the driver succeeded and wrote `*handle`.
+            Key::Vmm(unsafe { *handle })
+        })
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemRelease.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        freed(Key::Vmm(handle), || unsafe { f(handle) })
+    })
+}
+
+// ---- Stream-ordered allocation -------------------------------------------------------------
+//
+// A pool keeps freed memory reserved until it is trimmed (the driver releases it at the next
+// synchronisation only when the pool's release threshold allows), so the GPU memory a pool costs
+// is its reserve. We model each pool (table::PoolState): an allocation reserves in the region
+// only what the pool must grow by (`inuse + bytes - reserved`); a free returns its bytes to the
+// pool's reserve, not to the region; `cuMemPoolTrimTo` and `cuMemPoolDestroy` release the unused
+// reserve. When the region refuses any allocation on a device ([`reserve`]), we trim that
+// device's pools ourselves (real `cuMemPoolTrimTo(pool, 0)`, which only drops unused reserve),
+// release that reserve and try once more, so memory the application freed is never what stands
+// in its way.
+
+/// The pool `cuMemAllocAsync` allocates from on CUDA device `ordinal` (its current pool).
+fn current_pool(ordinal: CUdevice) -> CUmemoryPool {
+    let Some(f) = real::cuDeviceGetMemPool.get() else {
+        return std::ptr::null_mut();
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the real query writing one handle into a local.
+    if unsafe { f(&mut pool, ordinal) }.ok() {
+        pool
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+/// Trims `pool` to its live allocations with the real driver.
+fn trim_real(pool: usize) -> bool {
+    real::cuMemPoolTrimTo
+        .get()
+        // SAFETY: the real call on a pool handle the application gave us; keeping 0 bytes
+        // frees only unused reserve.
+        .map(|f| unsafe { f(pool as CUmemoryPool, 0) }.ok())
+        .unwrap_or(false)
+}
+
+/// Trims every pool on region device `dev` that holds unused reserve (the real
+/// `cuMemPoolTrimTo(pool, 0)`), releasing that reserve in the region. Returns the bytes released.
+fn trim_cached(rt: &Runtime, m: &mut table::PoolMap, dev: usize) -> u64 {
+    let mut released = 0;
+    for (&pool, st) in m.iter_mut() {
+        if st.dev == dev && !st.destroyed && st.reserved > st.inuse && trim_real(pool) {
+            let spare = st.reserved - st.inuse;
+            rt.release(st.dev, Kind::Data, spare);
+            st.reserved = st.inuse;
+            released += spare;
+        }
+    }
+    released
+}
+
+/// [`Runtime::reserve`], and if refused, once more after trimming the device's pools of the
+/// memory the application already freed into them.
+pub(crate) fn reserve(
+    rt: &Runtime,
+    dev: usize,
+    kind: Kind,
+    bytes: u64,
+) -> Result<(), hami_shm::admission::OutOfMemory> {
+    match rt.reserve(dev, kind, bytes) {
+        Ok(()) => Ok(()),
+        Err(oom) => {
+            if table::with_pools(|m| trim_cached(rt, m, dev)) == 0 {
+                return Err(oom);
+            }
+            rt.reserve(dev, kind, bytes)
+        }
+    }
+}
+
+/// Takes `bytes` from `pool`'s model, growing its reserve (admitted in the region) as needed;
+/// if refused, trims the device's pools (this one included) and tries once more. Returns how
+/// much the reserve grew.
+fn pool_take(
+    rt: &Runtime,
+    pool: usize,
+    dev: usize,
+    ordinal: CUdevice,
+    bytes: u64,
+) -> Result<u64, hami_shm::admission::OutOfMemory> {
+    table::with_pools(|m| {
+        let fresh = table::PoolState {
+            dev,
+            ordinal,
+            reserved: 0,
+            inuse: 0,
+            destroyed: false,
+        };
+        let st = *m.entry(pool).or_insert(fresh);
+        let mut grow = st.inuse.saturating_add(bytes).saturating_sub(st.reserved);
+        if grow > 0 {
+            if let Err(oom) = rt.reserve(st.dev, Kind::Data, grow) {
+                if trim_cached(rt, m, st.dev) == 0 {
+                    return Err(oom);
+                }
+                let st = m.get(&pool).copied().unwrap_or(fresh);
+                grow = st.inuse.saturating_add(bytes).saturating_sub(st.reserved);
+                rt.reserve(st.dev, Kind::Data, grow)?;
+            }
+        }
+        if let Some(st) = m.get_mut(&pool) {
+            st.reserved += grow;
+            st.inuse += bytes;
+        }
+        Ok(grow)
+    })
+}
+
+/// Undoes [`pool_take`] after the driver refused the allocation.
+fn pool_untake(rt: &Runtime, pool: usize, bytes: u64, grow: u64) {
+    table::with_pools(|m| {
+        if let Some(st) = m.get_mut(&pool) {
+            st.inuse = st.inuse.saturating_sub(bytes);
+            st.reserved = st.reserved.saturating_sub(grow);
+            rt.release(st.dev, Kind::Data, grow);
+        }
+    })
+}
+
+/// A stream-ordered allocation from `pool` (null: the current device's current pool).
+fn pool_alloc(
+    what: &str,
+    size: u64,
+    pool: CUmemoryPool,
+    out_valid: bool,
+    call: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> Key,
+) -> CUresult {
+    let Some(a) = active() else {
+        return call();
+    };
+    if !out_valid || size == 0 {
+        return call();
+    }
+    let known = (!pool.is_null())
+        .then(|| table::with_pools(|m| m.get(&(pool as usize)).copied()))
+        .flatten();
+    let (ordinal, dev, pool) = match known {
+        Some(st) => (st.ordinal, st.dev, pool),
+        None => {
+            let Some((ord, dev)) = devices::current(a.rt) else {
+                return call();
+            };
+            let pool = if pool.is_null() {
+                current_pool(ord)
+            } else {
+                pool
+            };
+            (ord, dev, pool)
+        }
+    };
+    let bytes = round_up(size, granularity(ordinal));
+    if pool.is_null() {
+        // No pool to model (a driver without cuDeviceGetMemPool): account the allocation.
+        return admitted(&a, what, dev, bytes, 0, call, key);
+    }
+    let p = pool as usize;
+    let grow = match pool_take(a.rt, p, dev, ordinal, bytes) {
+        Ok(g) => g,
+        Err(oom) => return refused(what, dev, bytes, oom),
+    };
+    let r = call();
+    if !r.ok() {
+        pool_untake(a.rt, p, bytes, grow);
+        return r;
+    }
+    let mut rec = Record::data(dev, bytes, 0);
+    rec.pool = p;
+    record(a.rt, key(), rec);
+    r
+}
+
+macro_rules! alloc_async {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            h_stream: CUstream,
+        ) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(f) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                pool_alloc(
+                    stringify!($name),
+                    bytesize as u64,
+                    std::ptr::null_mut(),
+                    !dptr.is_null(),
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    || unsafe { f(dptr, bytesize, h_stream) },
+                    // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
+                    || Key::Ptr(unsafe { *dptr }),
+                )
+            })
+        }
+    };
+}
+alloc_async!(cuMemAllocAsync);
+alloc_async!(cuMemAllocAsync_ptsz);
+
+macro_rules! alloc_from_pool {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            pool: CUmemoryPool,
+            h_stream: CUstream,
+        ) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(f) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                if pool.is_null() {
+                    // SAFETY: forwarding the caller's arguments; the driver rejects a null pool.
+                    return unsafe { f(dptr, bytesize, pool, h_stream) };
+                }
+                pool_alloc(
+                    stringify!($name),
+                    bytesize as u64,
+                    pool,
+                    !dptr.is_null(),
+                    // SAFETY: forwarding the caller's arguments unchanged.
+                    || unsafe { f(dptr, bytesize, pool, h_stream) },
+                    // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
+                    || Key::Ptr(unsafe { *dptr }),
+                )
+            })
+        }
+    };
+}
+alloc_from_pool!(cuMemAllocFromPoolAsync);
+alloc_from_pool!(cuMemAllocFromPoolAsync_ptsz);
+
+macro_rules! free_async {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dptr: CUdeviceptr, h_stream: CUstream) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(f) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                // SAFETY: forwarding the caller's arguments unchanged.
+                let call = || unsafe { f(dptr, h_stream) };
+                if dptr == 0 {
+                    return call();
+                }
+                freed(Key::Ptr(dptr), call)
+            })
+        }
+    };
+}
+free_async!(cuMemFreeAsync);
+free_async!(cuMemFreeAsync_ptsz);
+
+/// Trimming releases a pool's unused reserve: after the driver did it, so do we.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemPoolTrimTo.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(pool, min_bytes_to_keep) };
+        if !r.ok() {
+            return r;
+        }
+        let Some(a) = active() else {
+            return r;
+        };
+        table::with_pools(|m| {
+            if let Some(st) = m.get_mut(&(pool as usize)) {
+                let keep =
+                    round_up(min_bytes_to_keep as u64, granularity(st.ordinal)).max(st.inuse);
+                if st.reserved > keep {
+                    a.rt.release(st.dev, Kind::Data, st.reserved - keep);
+                    st.reserved = keep;
+                }
+            }
+        });
+        r
+    })
+}
+
+/// Remembers which device a pool allocates on, for `cuMemAllocFromPoolAsync`.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolPropsPrefix,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemPoolCreate.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(pool, props) };
+        if !r.ok() || pool.is_null() || props.is_null() {
+            return r;
+        }
+        let Some(a) = active() else {
+            return r;
+        };
+        // SAFETY: both pointers are non-null; the driver accepted `props` and wrote `*pool`.
+        let (p, handle) = unsafe { (*props, *pool) };
+        if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            if let Some(dev) = devices::region_index(a.rt, p.location.id) {
+                table::with_pools(|m| {
+                    m.insert(
+                        handle as usize,
+                        table::PoolState {
+                            dev,
+                            ordinal: p.location.id,
+                            reserved: 0,
+                            inuse: 0,
+                            destroyed: false,
+                        },
+                    )
+                });
+            }
+        }
+        r
+    })
+}
+
+/// Destroying a pool releases its unused reserve now, and the rest as it is freed.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemPoolDestroy.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        let r = unsafe { f(pool) };
+        if !r.ok() {
+            return r;
+        }
+        let Some(a) = active() else {
+            return r;
+        };
+        table::with_pools(|m| {
+            let key = pool as usize;
+            if let Some(st) = m.get_mut(&key) {
+                a.rt.release(st.dev, Kind::Data, st.reserved - st.inuse);
+                st.reserved = st.inuse;
+                st.destroyed = true;
+                if st.inuse == 0 {
+                    m.remove(&key);
+                }
+            }
+        });
+        r
+    })
+}
+
+// ---- Arrays -------------------------------------------------------------------------------
+
+/// Bytes per channel element of a `CUarray_format` (4 for formats this table does not know).
+fn format_bytes(format: i32) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // UNSIGNED_INT32, SIGNED_INT32, FLOAT
+        _ => 4,
+    }
+}
+
+/// Element count × channels × element size of a `w × h × d` array.
+fn array_bytes(w: u64, h: u64, d: u64, channels: u64, format: i32) -> u64 {
+    w.max(1)
+        .saturating_mul(h.max(1))
+        .saturating_mul(d.max(1))
+        .saturating_mul(channels.max(1))
+        .saturating_mul(format_bytes(format))
+}
+
+/// Which array kind, for the driver's memory-requirements query.
+#[derive(Clone, Copy)]
+enum ArrayKind {
+    Array,
+    Mipmap,
+}
+
+/// The driver's own size for an array, where it can tell.
+fn array_requirement(kind: ArrayKind, handle: *mut c_void, ord: CUdevice) -> Option<u64> {
+    let mut req = CudaArrayMemoryRequirements::default();
+    let r = match kind {
+        // SAFETY: the real query writing one struct into a local, for a handle it just made.
+        ArrayKind::Array => unsafe {
+            real::cuArrayGetMemoryRequirements.get()?(&mut req, handle, ord)
+        },
+        // SAFETY: as above.
+        ArrayKind::Mipmap => unsafe {
+            real::cuMipmappedArrayGetMemoryRequirements.get()?(&mut req, handle, ord)
+        },
+    };
+    (r.ok() && req.size > 0).then_some(req.size as u64)
+}
+
+/// An array allocation: reserve the estimate, call, adjust to the driver's size.
+fn array_alloc(
+    what: &str,
+    kind: ArrayKind,
+    estimate: u64,
+    out_valid: bool,
+    call: impl FnOnce() -> CUresult,
+    handle: impl FnOnce() -> *mut c_void,
+    undo: impl FnOnce(*mut c_void),
+) -> CUresult {
+    let Some(a) = active() else {
+        return call();
+    };
+    if !out_valid {
+        return call();
+    }
+    let Some((ord, dev)) = devices::current(a.rt) else {
+        return call();
+    };
+    let g = granularity(ord);
+    let guess = round_up(estimate, g);
+    if let Err(oom) = reserve(a.rt, dev, Kind::Data, guess) {
+        return refused(what, dev, guess, oom);
+    }
+    let r = call();
+    if !r.ok() {
+        a.rt.release(dev, Kind::Data, guess);
+        return r;
+    }
+    let h = handle();
+    let actual = array_requirement(kind, h, ord).map_or(guess, |s| round_up(s, g));
+    if let Err(oom) = adjust(a.rt, dev, Kind::Data, guess, actual) {
+        undo(h);
+        a.rt.release(dev, Kind::Data, guess);
+        return refused(what, dev, actual, oom);
+    }
+    let key = match kind {
+        ArrayKind::Array => Key::Array(h as usize),
+        ArrayKind::Mipmap => Key::Mipmap(h as usize),
+    };
+    record(a.rt, key, Record::data(dev, actual, devices::current_ctx()));
+    r
+}
+
+fn destroy_array(h: *mut c_void) {
+    if let Some(f) = real::cuArrayDestroy.get() {
+        // SAFETY: destroying the array the driver just created.
+        let _ = unsafe { f(h) };
+    }
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    handle: *mut CUarray,
+    desc: *const CudaArrayDescriptor,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuArrayCreate_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
+        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
+            array_bytes(
+                d.width as u64,
+                d.height as u64,
+                1,
+                u64::from(d.num_channels),
+                d.format,
+            )
+        });
+        array_alloc(
+            "cuArrayCreate",
+            ArrayKind::Array,
+            est,
+            !handle.is_null() && !desc.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(handle, desc) },
+            // SAFETY: the driver succeeded and wrote `*handle`.
+            || unsafe { *handle },
+            destroy_array,
+        )
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate(
+    handle: *mut CUarray,
+    desc: *const CudaArrayDescriptorV1,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuArrayCreate.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
+        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
+            array_bytes(
+                u64::from(d.width),
+                u64::from(d.height),
+                1,
+                u64::from(d.num_channels),
+                d.format,
+            )
+        });
+        array_alloc(
+            "cuArrayCreate",
+            ArrayKind::Array,
+            est,
+            !handle.is_null() && !desc.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(handle, desc) },
+            // SAFETY: the driver succeeded and wrote `*handle`.
+            || unsafe { *handle },
+            destroy_array,
+        )
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    handle: *mut CUarray,
+    desc: *const CudaArray3dDescriptor,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuArray3DCreate_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
+        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
+            array_bytes(
+                d.width as u64,
+                d.height as u64,
+                d.depth as u64,
+                u64::from(d.num_channels),
+                d.format,
+            )
+        });
+        array_alloc(
+            "cuArray3DCreate",
+            ArrayKind::Array,
+            est,
+            !handle.is_null() && !desc.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(handle, desc) },
+            // SAFETY: the driver succeeded and wrote `*handle`.
+            || unsafe { *handle },
+            destroy_array,
+        )
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate(
+    handle: *mut CUarray,
+    desc: *const CudaArray3dDescriptorV1,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuArray3DCreate.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
+        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
+            array_bytes(
+                u64::from(d.width),
+                u64::from(d.height),
+                u64::from(d.depth),
+                u64::from(d.num_channels),
+                d.format,
+            )
+        });
+        array_alloc(
+            "cuArray3DCreate",
+            ArrayKind::Array,
+            est,
+            !handle.is_null() && !desc.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(handle, desc) },
+            // SAFETY: the driver succeeded and wrote `*handle`.
+            || unsafe { *handle },
+            destroy_array,
+        )
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayDestroy(handle: CUarray) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuArrayDestroy.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        freed(Key::Array(handle as usize), || unsafe { f(handle) })
+    })
+}
+
+/// Bytes of every level of a mipmapped array (each level halves every non-zero extent).
+fn mipmap_bytes(d: &CudaArray3dDescriptor, levels: u32) -> u64 {
+    let (mut w, mut h, mut z) = (d.width as u64, d.height as u64, d.depth as u64);
+    let layered = d.flags & 0x01 != 0; // CUDA_ARRAY3D_LAYERED: depth is a layer count
+    let mut total = 0u64;
+    for _ in 0..levels.clamp(1, 64) {
+        total = total.saturating_add(array_bytes(w, h, z, u64::from(d.num_channels), d.format));
+        w = (w / 2).max(1);
+        if h > 0 {
+            h = (h / 2).max(1);
+        }
+        if z > 0 && !layered {
+            z = (z / 2).max(1);
+        }
+    }
+    total
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut CUmipmappedArray,
+    desc: *const CudaArray3dDescriptor,
+    num_mipmap_levels: c_uint,
+) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMipmappedArrayCreate.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
+        let est = unsafe { desc.as_ref() }.map_or(0, |d| mipmap_bytes(d, num_mipmap_levels));
+        array_alloc(
+            "cuMipmappedArrayCreate",
+            ArrayKind::Mipmap,
+            est,
+            !handle.is_null() && !desc.is_null(),
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(handle, desc, num_mipmap_levels) },
+            // SAFETY: the driver succeeded and wrote `*handle`.
+            || unsafe { *handle },
+            |h| {
+                if let Some(d) = real::cuMipmappedArrayDestroy.get() {
+                    // SAFETY: destroying the array the driver just created.
+                    let _ = unsafe { d(h) };
+                }
+            },
+        )
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMipmappedArrayDestroy.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's argument unchanged.
+        freed(Key::Mipmap(handle as usize), || unsafe { f(handle) })
+    })
+}
+
+// ---- Views ----------------------------------------------------------------------------------
+
+/// The limited view of region device `dev`: `(total, free)` from the real ones, or `None` when
+/// the device has no limit.
+fn limited(rt: &Runtime, dev: usize, real_free: u64, real_total: u64) -> Option<(u64, u64)> {
+    let limit = rt.limit(dev)?;
+    let total = limit.min(real_total);
+    let free = total.saturating_sub(rt.usage(dev)).min(real_free);
+    Some((total, free))
+}
+
+/// `cuMemGetInfo` for the current device, after the real call filled `(free, total)`.
+fn mem_info(real_free: u64, real_total: u64) -> Option<(u64, u64)> {
+    let a = active()?;
+    let (_, dev) = devices::current(a.rt)?;
+    limited(a.rt, dev, real_free, real_total)
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemGetInfo_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(free, total) };
+        if !r.ok() || free.is_null() || total.is_null() {
+            return r;
+        }
+        // SAFETY: both non-null and just written by the driver.
+        let (rf, rt) = unsafe { (*free as u64, *total as u64) };
+        if let Some((t, fr)) = mem_info(rf, rt) {
+            // SAFETY: as above; writing the caller's outputs.
+            unsafe {
+                *total = t as usize;
+                *free = fr as usize;
+            }
+        }
+        r
+    })
+}
+
+/// The legacy 32-bit `cuMemGetInfo`.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuMemGetInfo.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(free, total) };
+        if !r.ok() || free.is_null() || total.is_null() {
+            return r;
+        }
+        // SAFETY: both non-null and just written by the driver.
+        let (rf, rt) = unsafe { (u64::from(*free), u64::from(*total)) };
+        if let Some((t, fr)) = mem_info(rf, rt) {
+            // SAFETY: as above; writing the caller's outputs.
+            unsafe {
+                *total = t.min(u64::from(u32::MAX)) as c_uint;
+                *free = fr.min(u64::from(u32::MAX)) as c_uint;
+            }
+        }
+        r
+    })
+}
+
+/// `min(limit, real)` for CUDA device `ordinal`, or `None` without a limit.
+fn total_mem(ordinal: CUdevice, real_total: u64) -> Option<u64> {
+    let a = active()?;
+    let dev = devices::region_index(a.rt, ordinal)?;
+    Some(a.rt.limit(dev)?.min(real_total))
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuDeviceTotalMem_v2.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(bytes, dev) };
+        if !r.ok() || bytes.is_null() {
+            return r;
+        }
+        // SAFETY: non-null and just written by the driver.
+        if let Some(t) = total_mem(dev, unsafe { *bytes } as u64) {
+            // SAFETY: as above.
+            unsafe { *bytes = t as usize };
+        }
+        r
+    })
+}
+
+/// The legacy 32-bit `cuDeviceTotalMem`.
+///
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    guard(CUresult::UNKNOWN, || {
+        let Some(f) = real::cuDeviceTotalMem.require() else {
+            return CUresult::NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(bytes, dev) };
+        if !r.ok() || bytes.is_null() {
+            return r;
+        }
+        // SAFETY: non-null and just written by the driver.
+        if let Some(t) = total_mem(dev, u64::from(unsafe { *bytes })) {
+            // SAFETY: as above.
+            unsafe { *bytes = t.min(u64::from(u32::MAX)) as c_uint };
+        }
+        r
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_sizes() {
+        assert_eq!(array_bytes(1024, 0, 0, 1, 0x20), 4096);
+        assert_eq!(array_bytes(1024, 1024, 0, 4, 0x01), 4 << 20);
+        assert_eq!(array_bytes(u64::MAX, 2, 1, 1, 0x20), u64::MAX);
+        let d = CudaArray3dDescriptor {
+            width: 8,
+            height: 8,
+            depth: 0,
+            format: 0x01,
+            num_channels: 1,
+            flags: 0,
+        };
+        // 64 + 16 + 4 + 1
+        assert_eq!(mipmap_bytes(&d, 4), 85);
+    }
+}

@@ -1,0 +1,211 @@
+//! NVML: the memory views `nvidia-smi` and monitoring agents read, and the utilisation source
+//! of the SM limiter.
+//!
+//! `nvmlDeviceGetMemoryInfo` and `_v2`, for a device whose region index (its NVML index) has a
+//! limit, report `total = min(limit, real total)`, `used` = the container's usage of that device
+//! (every live process in the region), and `free = total − used` (never below 0; `_v2` also
+//! subtracts the driver's `reserved`, which it leaves as it is, capped at `total`). Without a
+//! limit, or for a handle that has no NVML index (a MIG device), the real values pass through.
+
+use std::collections::HashSet;
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hami_shm::layout::ABI_DEVS;
+
+use crate::runtime::Runtime;
+
+use super::types::*;
+use super::{active, devices, guard, real};
+
+/// The region index of an NVML handle (its NVML index), if the region has it.
+fn region_of(device: NvmlDevice) -> Option<usize> {
+    let f = real::nvmlDeviceGetIndex.get()?;
+    let mut idx: c_uint = 0;
+    // SAFETY: the real NVML call writing one index into a local.
+    if !unsafe { f(device, &mut idx) }.ok() {
+        return None;
+    }
+    let idx = idx as usize;
+    (idx < ABI_DEVS).then_some(idx)
+}
+
+/// `(total, used)` of the limited view of `dev`, or `None` without a limit.
+fn view(rt: &Runtime, dev: usize, real_total: u64) -> Option<(u64, u64)> {
+    let limit = rt.limit(dev)?;
+    Some((limit.min(real_total), rt.usage(dev)))
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: NvmlDevice,
+    memory: *mut NvmlMemory,
+) -> NvmlReturn {
+    guard(NvmlReturn::UNKNOWN, || {
+        let Some(f) = real::nvmlDeviceGetMemoryInfo.require() else {
+            return NvmlReturn::FUNCTION_NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(device, memory) };
+        if !r.ok() || memory.is_null() {
+            return r;
+        }
+        let Some(a) = active() else {
+            return r;
+        };
+        let Some(dev) = region_of(device) else {
+            return r;
+        };
+        // SAFETY: non-null, and the driver just filled it.
+        let m = unsafe { &mut *memory };
+        if let Some((total, used)) = view(a.rt, dev, m.total) {
+            m.total = total;
+            m.used = used;
+            m.free = total.saturating_sub(used);
+        }
+        r
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: NvmlDevice,
+    memory: *mut NvmlMemoryV2,
+) -> NvmlReturn {
+    guard(NvmlReturn::UNKNOWN, || {
+        let Some(f) = real::nvmlDeviceGetMemoryInfo_v2.require() else {
+            return NvmlReturn::FUNCTION_NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { f(device, memory) };
+        if !r.ok() || memory.is_null() {
+            return r;
+        }
+        let Some(a) = active() else {
+            return r;
+        };
+        let Some(dev) = region_of(device) else {
+            return r;
+        };
+        // SAFETY: non-null, and the driver just filled it.
+        let m = unsafe { &mut *memory };
+        if let Some((total, used)) = view(a.rt, dev, m.total) {
+            m.total = total;
+            m.used = used;
+            m.reserved = m.reserved.min(total);
+            m.free = total.saturating_sub(used).saturating_sub(m.reserved);
+        }
+        r
+    })
+}
+
+// ---- Utilisation source of the SM limiter ------------------------------------------------------
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcessUtilSample {
+    pid: c_uint,
+    time_stamp: u64,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Utilization {
+    gpu: c_uint,
+    memory: c_uint,
+}
+
+type ProcUtilFn =
+    unsafe extern "C" fn(NvmlDevice, *mut ProcessUtilSample, *mut c_uint, u64) -> NvmlReturn;
+type UtilRatesFn = unsafe extern "C" fn(NvmlDevice, *mut Utilization) -> NvmlReturn;
+
+static PROCESS_UTILIZATION: real::Real<ProcUtilFn> =
+    real::Real::new(&real::NVML, c"nvmlDeviceGetProcessUtilization");
+static UTILIZATION_RATES: real::Real<UtilRatesFn> =
+    real::Real::new(&real::NVML, c"nvmlDeviceGetUtilizationRates");
+
+/// Newest sample timestamp seen per device (microseconds), the next query's `lastSeenTimeStamp`.
+static LAST_SEEN: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Pids that belong to this container: every live slot's pid and host pid.
+fn container_pids(rt: &Runtime) -> HashSet<u32> {
+    let mut s = HashSet::new();
+    for slot in rt.region.live_range() {
+        let pid = slot.pid.load(Ordering::Relaxed);
+        if pid != 0 {
+            s.insert(pid as u32);
+            let host = slot.hostpid.load(Ordering::Relaxed);
+            if host != 0 {
+                s.insert(host as u32);
+            }
+        }
+    }
+    s
+}
+
+/// SM utilisation (percent) of region device `dev` by this container's processes since the last
+/// call, from `nvmlDeviceGetProcessUtilization`. If no sample can be attributed to the container
+/// (its processes run in another pid namespace and their host pids are not known), the device's
+/// overall utilisation stands in. `None` if NVML cannot tell.
+pub fn container_sm_util(dev: usize) -> Option<f64> {
+    let rt = crate::runtime::existing()?;
+    let h = devices::nvml_handle(dev)?;
+    let last = LAST_SEEN.get(dev)?;
+    if let Some(f) = PROCESS_UTILIZATION.get() {
+        let since = match last.load(Ordering::Relaxed) {
+            0 => now_us().saturating_sub(1_000_000),
+            t => t,
+        };
+        let mut cap: c_uint = 64;
+        for _ in 0..4 {
+            let mut buf = vec![ProcessUtilSample::default(); cap as usize];
+            let mut n = cap;
+            // SAFETY: the real query writes at most `n` samples into our buffer of `cap`.
+            let r = unsafe { f(h, buf.as_mut_ptr(), &mut n, since) };
+            if r == NvmlReturn::INSUFFICIENT_SIZE {
+                cap = n.max(cap.saturating_mul(2)).min(4096);
+                continue;
+            }
+            if !r.ok() {
+                break;
+            }
+            let samples = &buf[..(n.min(cap) as usize)];
+            if let Some(newest) = samples.iter().map(|s| s.time_stamp).max() {
+                last.store(newest, Ordering::Relaxed);
+            }
+            let ours = container_pids(rt);
+            let mut sum = 0u64;
+            let mut matched = false;
+            for s in samples {
+                if ours.contains(&s.pid) {
+                    matched = true;
+                    sum += u64::from(s.sm_util.min(100));
+                }
+            }
+            if matched || samples.is_empty() {
+                return Some(sum.min(100) as f64);
+            }
+            break;
+        }
+    }
+    let f = UTILIZATION_RATES.get()?;
+    let mut u = Utilization::default();
+    // SAFETY: the real query writing one struct into a local.
+    unsafe { f(h, &mut u) }
+        .ok()
+        .then_some(f64::from(u.gpu.min(100)))
+}

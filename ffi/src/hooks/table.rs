@@ -1,0 +1,302 @@
+//! What this process allocated and has not freed yet: pointer (or handle) → region device,
+//! accounted bytes, owning context. A free looks its record up to release exactly what the
+//! allocation reserved, on the device it reserved it on, whatever the current device is then.
+//!
+//! Sixteen shards, each a short spin lock over a hash map, so threads allocating at once rarely
+//! meet; a critical section is one map operation. A fork copies the maps in whatever state the
+//! other threads left them: `pthread_atfork` takes every shard before the fork and releases them
+//! after it in both processes, and the child then forgets every record (a CUDA context does not
+//! survive fork; the child accounts afresh in its own slot).
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+
+use hami_shm::seqlock::Kind;
+
+/// What a record is keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// A device pointer (`cuMemAlloc*`, `cuMemAllocManaged`, the stream-ordered allocators).
+    Ptr(u64),
+    /// A VMM handle (`cuMemCreate`).
+    Vmm(u64),
+    /// A `CUarray`.
+    Array(usize),
+    /// A `CUmipmappedArray`.
+    Mipmap(usize),
+    /// A context created with `cuCtxCreate*` (its own cost).
+    Ctx(usize),
+    /// A device's primary context (keyed by CUDA ordinal; the record's `refs` counts retains).
+    Primary(i32),
+}
+
+/// One live allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Region device index the bytes were reserved on.
+    pub dev: usize,
+    /// Bytes reserved.
+    pub bytes: u64,
+    /// Which counter.
+    pub kind: Kind,
+    /// The context current at allocation (0 if none or not context-owned, e.g. VMM handles):
+    /// destroying that context frees the allocation.
+    pub ctx: usize,
+    /// Retain count, for [`Key::Primary`].
+    pub refs: u32,
+    /// The stream-ordered pool the allocation came from (0 if none): its bytes go back to the
+    /// pool's reserve when freed, not to the region (see [`PoolState`]).
+    pub pool: usize,
+}
+
+impl Record {
+    /// A data allocation of `bytes` on region device `dev`, owned by context `ctx`.
+    pub fn data(dev: usize, bytes: u64, ctx: usize) -> Record {
+        Record {
+            dev,
+            bytes,
+            kind: Kind::Data,
+            ctx,
+            refs: 0,
+            pool: 0,
+        }
+    }
+}
+
+/// Our model of one stream-ordered memory pool: the driver keeps freed pool memory reserved
+/// (up to the pool's release threshold) until the pool is trimmed, so what the pool costs the
+/// GPU is its reserve, not what is allocated from it. `reserved` bytes are accounted in the
+/// region; `inuse` of them are live allocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolState {
+    /// Region device.
+    pub dev: usize,
+    /// CUDA ordinal (for the granularity).
+    pub ordinal: i32,
+    /// Bytes accounted for the pool (≥ `inuse`).
+    pub reserved: u64,
+    /// Bytes of live allocations.
+    pub inuse: u64,
+    /// `cuMemPoolDestroy` was called; the state lives until its last allocation is freed.
+    pub destroyed: bool,
+}
+
+/// A multiplicative hash: keys are pointers and handles, already well spread above the low bits.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write_i32(&mut self, v: i32) {
+        self.write_u64(v as u32 as u64);
+    }
+}
+
+type Map = HashMap<Key, Record, BuildHasherDefault<KeyHasher>>;
+
+const SHARDS: usize = 16;
+
+struct Shard {
+    locked: AtomicBool,
+    map: UnsafeCell<Map>,
+}
+
+// SAFETY: `map` is only touched while `locked` is held (see `with`), which makes access
+// exclusive across threads.
+unsafe impl Sync for Shard {}
+
+impl Shard {
+    const fn new() -> Self {
+        Shard {
+            locked: AtomicBool::new(false),
+            map: UnsafeCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
+        }
+    }
+
+    fn lock(&self) {
+        spin_lock(&self.locked);
+    }
+
+    fn unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Map) -> R) -> R {
+        install_fork_handlers();
+        self.lock();
+        // SAFETY: we hold the shard's lock, so no other reference to the map exists.
+        let r = f(unsafe { &mut *self.map.get() });
+        self.unlock();
+        r
+    }
+}
+
+static TABLE: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
+
+/// Pool handle → its model.
+pub type PoolMap = HashMap<usize, PoolState, BuildHasherDefault<KeyHasher>>;
+
+struct PoolShard {
+    locked: AtomicBool,
+    map: UnsafeCell<PoolMap>,
+}
+
+// SAFETY: as for `Shard`: `map` is only touched while `locked` is held.
+unsafe impl Sync for PoolShard {}
+
+static POOLS: PoolShard = PoolShard {
+    locked: AtomicBool::new(false),
+    map: UnsafeCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
+};
+
+fn spin_lock(flag: &AtomicBool) {
+    let mut spins = 0u32;
+    while flag
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Runs `f` on the pool states, one thread at a time (the lock is held across `f`, which may
+/// reserve in the region and call the real `cuMemPoolTrimTo`, so a pool's model and its
+/// accounting change together).
+pub fn with_pools<R>(f: impl FnOnce(&mut PoolMap) -> R) -> R {
+    install_fork_handlers();
+    spin_lock(&POOLS.locked);
+    // SAFETY: we hold the pools' lock, so no other reference to the map exists.
+    let r = f(unsafe { &mut *POOLS.map.get() });
+    POOLS.locked.store(false, Ordering::Release);
+    r
+}
+
+fn shard(key: &Key) -> &'static Shard {
+    use std::hash::BuildHasher;
+    let h = BuildHasherDefault::<KeyHasher>::new().hash_one(key);
+    // The high bits of a multiplicative hash are the well-mixed ones.
+    &TABLE[(h >> 60) as usize % SHARDS]
+}
+
+/// Records `rec` under `key`, returning the record it replaces (an allocation whose free we
+/// missed, e.g. freed by a context destruction we did not see; the caller releases it).
+pub fn insert(key: Key, rec: Record) -> Option<Record> {
+    shard(&key).with(|m| m.insert(key, rec))
+}
+
+/// Removes and returns the record of `key`.
+pub fn remove(key: Key) -> Option<Record> {
+    shard(&key).with(|m| m.remove(&key))
+}
+
+/// The record of `key`, left in place.
+pub fn get(key: Key) -> Option<Record> {
+    shard(&key).with(|m| m.get(&key).copied())
+}
+
+/// Applies `f` to the record of `key` (inserting `init` first if absent) and returns the updated
+/// record; if `f` returns false the record is removed (and still returned).
+pub fn update(key: Key, init: Record, f: impl FnOnce(&mut Record) -> bool) -> Record {
+    shard(&key).with(|m| {
+        let rec = m.entry(key).or_insert(init);
+        let keep = f(rec);
+        let out = *rec;
+        if !keep {
+            m.remove(&key);
+        }
+        out
+    })
+}
+
+/// Removes every record whose context is `ctx` (a destroyed context frees its allocations) and
+/// calls `release` for each.
+pub fn remove_context(ctx: usize, mut release: impl FnMut(Key, Record)) {
+    if ctx == 0 {
+        return;
+    }
+    for s in &TABLE {
+        let mut gone: Vec<(Key, Record)> = Vec::new();
+        s.with(|m| {
+            m.retain(|k, r| {
+                let owned = r.ctx == ctx && !matches!(k, Key::Ctx(_) | Key::Primary(_));
+                if owned {
+                    gone.push((*k, *r));
+                }
+                !owned
+            })
+        });
+        for (k, r) in gone {
+            release(k, r);
+        }
+    }
+}
+
+/// Number of records (for tests and diagnostics).
+pub fn len() -> usize {
+    TABLE.iter().map(|s| s.with(|m| m.len())).sum()
+}
+
+extern "C" fn before_fork() {
+    spin_lock(&POOLS.locked);
+    for s in &TABLE {
+        s.lock();
+    }
+}
+
+extern "C" fn after_fork_parent() {
+    for s in TABLE.iter().rev() {
+        s.unlock();
+    }
+    POOLS.locked.store(false, Ordering::Release);
+}
+
+extern "C" fn after_fork_child() {
+    // SAFETY: the child has one thread and `before_fork` took the pools' lock, so nothing else
+    // can reference the map. `clear` keeps the capacity and does not allocate.
+    unsafe { (*POOLS.map.get()).clear() };
+    POOLS.locked.store(false, Ordering::Release);
+    for s in TABLE.iter().rev() {
+        // SAFETY: the child has one thread and `before_fork` took every shard's lock, so nothing
+        // else can reference the map. `clear` keeps the capacity and does not allocate.
+        unsafe { (*s.map.get()).clear() };
+        s.unlock();
+    }
+}
+
+fn install_fork_handlers() {
+    static ONCE: Once = Once::new();
+    if ONCE.is_completed() {
+        return;
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registering three `extern "C"` functions that never unwind.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_parent),
+                Some(after_fork_child),
+            );
+        }
+    });
+}
