@@ -75,93 +75,6 @@
 #define HAMI_WAIT_STATUS_ALL_MS 1000
 
 /*
- The priority used when `CUDA_TASK_PRIORITY` is unset, as in HAMi-core.
- */
-#define DEFAULT_PRIORITY 1
-
-/*
- The size of one formatted record, newline included; longer records are truncated.
- */
-#define RECORD_MAX 512
-
-/*
- The level used when `LIBCUDA_LOG_LEVEL` is unset or malformed, as in HAMi-core.
- */
-#define DEFAULT_LEVEL 2
-
-/*
- Bit for [`once`]: a malformed `LIBCUDA_LOG_LEVEL` is reported once.
- */
-#define ONCE_BAD_LOG_LEVEL 0
-
-/*
- Bits 0..8 are reserved for this module and `config`; other modules take bits from 8 up.
- */
-#define ONCE_FIRST_FREE 8
-
-/*
- Bytes past the region's end where the owner lock's window byte lies (beyond the file's bytes:
- record locks may lie past end of file, and C peers lock only `[0, size)`).
- */
-#define WINDOW_OFFSET 64
-
-/*
- The window byte of the ABI region: `SharedRegion::SIZE + 64`.
- */
-#define WINDOW_BYTE ((uint64_t)SharedRegion_SIZE + WINDOW_OFFSET)
-
-/*
- glibc's `private` word of a process-shared `sem_t` (`sem_init(s, 1, _)`).
- */
-#define GLIBC_SEM_SHARED 128
-
-/*
- Counters or limits above this (64 PiB) are garbage: no GPU has that much memory, and an
- unguarded subtraction that wrapped (bug B3) lands near 2^64.
- */
-#define COUNTER_SANE_MAX (1 << 56)
-
-/*
- The estimate when nothing better is known.
- */
-#define DEFAULT_CONTEXT_ESTIMATE (256 << 20)
-
-/*
- CUDA ordinals we map (more than any machine has).
- */
-#define MAX_ORDINALS 64
-
-/*
- What a driver rounds device allocations to when it cannot tell us (2 MiB on NVIDIA GPUs).
- */
-#define DEFAULT_GRANULE (2 << 20)
-
-/*
- `CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE`.
- */
-#define CU_MEM_LOCATION_TYPE_DEVICE 1
-
-/*
- `CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED`.
- */
-#define CU_MEM_ALLOCATION_TYPE_PINNED 1
-
-/*
- `CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
- */
-#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0
-
-/*
- `CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
- */
-#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
-
-/*
- `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
- */
-#define NVML_UUID_BUFFER 96
-
-/*
  Per-device memory usage of one process (`device_memory_t`, 64 bytes).
  */
 typedef struct {
@@ -377,12 +290,6 @@ typedef shared_region_t SharedRegion;
  The ABI slot: exactly HAMi-core v1.2's `shrreg_proc_slot_t`.
  */
 typedef shrreg_proc_slot_t SharedProcSlot;
-
-/*
- Mode of a region file we create: every user of the container may attach, as with the C
- original.
- */
-#define CREATE_MODE 438
 
 
 
