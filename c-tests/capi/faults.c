@@ -436,13 +436,19 @@ static int check_reap_by_reserve(void) {
         else /* the others stay zombies: dead all the same */
             dead += wait_dead_keep_zombie(pids[i], 5000) == 0;
     }
+    /* Reaping on refusal is rate-limited (100 ms), so the memory comes back within that, not
+     * necessarily on the first try; the bound is the issue's one second past detection. */
     double t0 = t_now_ms();
     int rc = hami_reserve(0, 4 * BASE, 2);
+    while (rc != HAMI_OK && t_now_ms() - t0 < 1000) {
+        usleep(10000);
+        rc = hami_reserve(0, 4 * BASE, 2);
+    }
     double ms = t_now_ms() - t0;
     uint64_t u = hami_device_usage(0);
     int over = hami_reserve(0, 1, 2);
     t_check(ready == 8 && dead == 4 && full == HAMI_REFUSED && rc == HAMI_OK && u == 8 * BASE &&
-                over == HAMI_REFUSED && ms < 1500,
+                over == HAMI_REFUSED && ms < 1000,
             "reap_by_reserve", "full limit refuses %d; after 4 kills (%d dead) 64 MiB -> %d in %.1f ms; "
             "usage %lu MiB; one more byte -> %d",
             full, dead, rc, ms, (unsigned long)(u / MiB), over);
