@@ -1,0 +1,70 @@
+// cuda_runtime: the CUDA runtime's own path to the driver (cudart resolves every entry point
+// through cuGetProcAddress_v2) under libvgpu.so: cudaMemGetInfo reports the limit, cudaMalloc,
+// cudaMallocManaged and cudaMallocAsync are counted and refused past the limit, kernels launch
+// (legacy and per-thread default stream) and compute the right result.
+// Prints PASS/FAIL lines and "got=<bytes>" for run.sh. Argument: the limit in bytes.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int pass, fail;
+#define CHECK(c, ...) do { if (c) pass++; else fail++; printf("%s [cudart] ", (c) ? "PASS" : "FAIL"); printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
+
+__global__ void fill(int *p, int n, int v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v + i;
+}
+
+int main(int argc, char **argv) {
+    unsigned long long limit = argc > 1 ? strtoull(argv[1], NULL, 0) : (4ULL << 30);
+    const size_t chunk = 256ULL << 20;
+    size_t fr = 0, tot = 0;
+    CHECK(cudaFree(0) == cudaSuccess, "the runtime initialises");
+    CHECK(cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot == limit,
+          "cudaMemGetInfo total %zu == limit %llu (free %zu)", tot, limit, fr);
+    size_t ctx = tot - fr;
+
+    int n = 1 << 20, *d = NULL, *h = (int *)malloc(n * sizeof(int));
+    CHECK(cudaMalloc(&d, n * sizeof(int)) == cudaSuccess, "cudaMalloc 4 MiB");
+    fill<<<(n + 255) / 256, 256>>>(d, n, 7);
+    CHECK(cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess, "kernel launch");
+    cudaMemcpy(h, d, n * sizeof(int), cudaMemcpyDeviceToHost);
+    CHECK(h[0] == 7 && h[n - 1] == 7 + n - 1, "kernel result (%d, %d)", h[0], h[n - 1]);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    fill<<<(n + 255) / 256, 256, 0, cudaStreamPerThread>>>(d, n, 9);
+    CHECK(cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess, "per-thread-stream launch");
+    cudaFree(d);
+
+    void *m = NULL;
+    size_t before, after;
+    cudaMemGetInfo(&before, &tot);
+    CHECK(cudaMallocManaged(&m, 64 << 20) == cudaSuccess, "cudaMallocManaged 64 MiB");
+    cudaMemGetInfo(&after, &tot);
+    CHECK(before - after >= (64u << 20), "managed memory counted (%zu MiB)", (before - after) >> 20);
+    cudaFree(m);
+
+    void *a = NULL;
+    cudaMemGetInfo(&before, &tot);
+    CHECK(cudaMallocAsync(&a, 64 << 20, s) == cudaSuccess, "cudaMallocAsync 64 MiB");
+    cudaMemGetInfo(&after, &tot);
+    CHECK(before - after >= (64u << 20), "stream-ordered memory counted (%zu MiB)", (before - after) >> 20);
+    cudaFreeAsync(a, s);
+    cudaStreamSynchronize(s);
+
+    void *ptrs[4096];
+    int k = 0;
+    cudaError_t e = cudaSuccess;
+    while (k < 4096 && (e = cudaMalloc(&ptrs[k], chunk)) == cudaSuccess) k++;
+    unsigned long long got = (unsigned long long)k * chunk;
+    CHECK(e == cudaErrorMemoryAllocation, "cudaMalloc past the limit fails with cudaErrorMemoryAllocation (%d)", (int)e);
+    cudaGetLastError();
+    CHECK(got + ctx <= limit && got + ctx + chunk + (64ULL << 20) > limit,
+          "%llu MiB admitted in 256 MiB chunks + %zu MiB context within %llu MiB", got >> 20, ctx >> 20, limit >> 20);
+    printf("got=%llu ctx=%zu\n", got, ctx);
+    for (int i = 0; i < k; i++) cudaFree(ptrs[i]);
+    cudaMemGetInfo(&fr, &tot);
+    CHECK(tot - fr <= ctx + (128ULL << 20), "after the frees %zu MiB in use", (tot - fr) >> 20);
+    printf("cudart: %d passed, %d failed\n", pass, fail);
+    return fail ? 1 : 0;
+}
