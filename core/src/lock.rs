@@ -19,8 +19,9 @@
 //! - B19: an interrupted wait sleeps (back-off) instead of spinning.
 //! - B12: a holder that dies between `sem_wait` and storing `owner_pid`, or between clearing it and
 //!   `sem_post`, loses the token with `owner_pid == 0`: the original then exits after 310 s. Here a
-//!   waiter that sees `owner_pid == 0`, the semaphore at 0 and nobody inside the *window* for a
-//!   whole grace period takes the token over by CAS from 0 to itself.
+//!   waiter that sees `owner_pid == 0` and the semaphore at 0 for a whole grace period, with
+//!   nobody inside the *window*, takes the token over by CAS from 0 to itself, and undoes the
+//!   CAS if a re-check after it shows the token was not lost after all.
 //! - B14: `owner_pid` holds a start tag above the pid, so a dead owner whose pid was reused is
 //!   still recognised as dead (C peers read the low 32 bits, which stay the pid).
 //!
@@ -129,7 +130,10 @@ pub fn acquire<'a, P: Platform, const S: usize, const D: usize>(
         if owner != ProcId::NONE {
             orphan_since = None;
             recover_dead_owner(region, platform, owner);
-        } else if token_looks_lost(region, platform) {
+        } else if platform.sem_value(&region.sem) == 0 {
+            // Another waiter seen in the window does not reset the timer: with the token lost,
+            // every window is someone's failing try-take, and resetting on it would starve the
+            // takeover under contention. The takeover itself still needs an empty window.
             let since = *orphan_since.get_or_insert(now);
             if now.saturating_sub(since) >= cfg.orphan_grace_ns {
                 orphan_since = None;
@@ -199,18 +203,36 @@ fn token_looks_lost<P: Platform, const S: usize, const D: usize>(
     platform.sem_value(&region.sem) == 0 && !platform.window_held_by_other()
 }
 
-/// Inherits a lost token by CAS of `owner_pid` from 0 to us, re-checking inside the window.
+/// Inherits a lost token by CAS of `owner_pid` from 0 to us, then re-validates.
+///
+/// The checks before the CAS are not atomic with it: a whole release (CAS to 0, post, leave the
+/// window) can run between them, and the CAS would then win a lock whose token was just posted.
+/// Once `owner_pid` is ours no release or recovery can succeed any more, so the checks after
+/// the CAS see every transition that began before it: a release that cleared `owner_pid` is
+/// still in its window or has posted. If anything moved, the CAS is undone.
 fn take_over_lost_token<P: Platform, const S: usize, const D: usize>(
     region: &Region<S, D>,
     platform: &P,
     me: ProcId,
 ) -> bool {
     platform.window_enter();
-    let won = token_looks_lost(region, platform)
+    let mut won = token_looks_lost(region, platform)
         && region
             .owner_pid
             .compare_exchange(0, me.0, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
+    if won {
+        let still_lost = !platform.window_held_by_other()
+            && platform.sem_value(&region.sem) == 0
+            && !platform.window_held_by_other()
+            && region.owner_pid.load(Ordering::SeqCst) == me.0;
+        if !still_lost {
+            let _ = region
+                .owner_pid
+                .compare_exchange(me.0, 0, Ordering::SeqCst, Ordering::SeqCst);
+            won = false;
+        }
+    }
     platform.window_exit();
     if won {
         platform.report(Problem::RecoveredLostToken);

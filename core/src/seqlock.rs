@@ -118,17 +118,20 @@ pub fn add<const D: usize>(slot: &ProcSlot<D>, dev: usize, kind: Kind, bytes: u6
 /// Subtracts `bytes` of `kind` on `dev`, saturating at 0; returns false if it had to saturate.
 pub fn sub<const D: usize>(slot: &ProcSlot<D>, dev: usize, kind: Kind, bytes: u64) -> bool {
     let mem = &slot.used[dev];
-    let total_ok = saturating_sub(&mem.total, bytes);
-    let kind_ok = saturating_sub(kind.counter(mem), bytes);
-    total_ok && kind_ok
+    // The total loses only what the kind really had, so an over-large release of one kind
+    // cannot eat another kind's share of the total.
+    let removed = take_up_to(kind.counter(mem), bytes);
+    let total_removed = take_up_to(&mem.total, removed);
+    removed == bytes && total_removed == removed
 }
 
-fn saturating_sub(counter: &AtomicU64, bytes: u64) -> bool {
+/// Subtracts up to `bytes` from `counter`, never below 0; returns what was subtracted.
+fn take_up_to(counter: &AtomicU64, bytes: u64) -> u64 {
     let mut cur = counter.load(Ordering::Relaxed);
     loop {
         let next = cur.saturating_sub(bytes);
         match counter.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::Relaxed) {
-            Ok(_) => return cur >= bytes,
+            Ok(_) => return cur - next,
             Err(now) => cur = now,
         }
     }
