@@ -1,5 +1,6 @@
 //! Property tests of `hami_shm::envparse` against an independent model of HAMi-core's C parser
 //! (`strtoul(s, &end, 0)` plus a multiplier chosen by the string's last character).
+#![cfg(not(any(loom, shuttle)))]
 
 use hami_shm::envparse::{
     device_memory_limit, device_sm_limit, parse_percent, parse_priority, parse_size, LimitSource,

@@ -1,0 +1,156 @@
+//! The owner lock's acquire (core/src/lock.rs) as a test-local copy with one of two bugs
+//! planted, the two that the models found in an earlier version of core and that core now
+//! fixes (core's helpers are private, so the mutant is a copy):
+//!
+//! - [`Mutation::NoRevalidation`]: the lost-token takeover CASes `owner_pid` from 0 after
+//!   checking "semaphore 0, nobody in the window", and does not re-check after the CAS. A
+//!   whole release (CAS to 0, post, leave the window) can run between the checks and the CAS,
+//!   which then wins a lock whose token was just posted: two holders.
+//! - [`Mutation::WindowResetsTimer`]: the orphan timer restarts whenever another process is
+//!   seen in the window. With the token lost, every window is another waiter's failing
+//!   try-take, so under contention the takeover starves and acquisitions time out.
+//!
+//! Used by `loom_lock.rs` and `shuttle_scenario.rs` to show that their checks catch each bug.
+#![allow(dead_code)]
+
+use core::mem::ManuallyDrop;
+
+use hami_model::SimProc;
+use hami_shm::lock::LockConfig;
+use hami_shm::platform::{Liveness, Platform, Problem, ProcId, SemWait};
+use hami_shm::sync::Ordering;
+
+/// Holds the lock; dropping releases it as core's `OwnerGuard` does.
+pub struct Guard<'a, const S: usize, const D: usize> {
+    p: &'a SimProc<S, D>,
+    me: ProcId,
+}
+
+impl<const S: usize, const D: usize> Drop for Guard<'_, S, D> {
+    fn drop(&mut self) {
+        let r = self.p.region();
+        self.p.window_enter();
+        let ours = r
+            .owner_pid
+            .compare_exchange(self.me.0, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if ours {
+            self.p.sem_post(&r.sem);
+        } else {
+            self.p.report(Problem::LockStolen);
+        }
+        self.p.window_exit();
+    }
+}
+
+/// Acquires, runs `f` in the critical section with the same checks as
+/// `SimProc::with_owner_lock`, releases. `Err(())` on timeout.
+pub fn with_lock<R, const S: usize, const D: usize>(
+    p: &SimProc<S, D>,
+    m: Mutation,
+    cfg: &LockConfig,
+    f: impl FnOnce() -> R,
+) -> Result<R, ()> {
+    let guard = ManuallyDrop::new(acquire(p, m, cfg)?);
+    p.check_holder();
+    p.world().cs_enter(p.idx());
+    let r = f();
+    p.check_holder();
+    p.world().cs_exit(p.idx());
+    drop(ManuallyDrop::into_inner(guard));
+    Ok(r)
+}
+
+/// Which bug the copy carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    NoRevalidation,
+    WindowResetsTimer,
+}
+
+/// Core's `lock::acquire` with mutation `m`.
+pub fn acquire<'a, const S: usize, const D: usize>(
+    p: &'a SimProc<S, D>,
+    m: Mutation,
+    cfg: &LockConfig,
+) -> Result<Guard<'a, S, D>, ()> {
+    let r = p.region();
+    let me = p.self_id();
+    let start = p.now_ns();
+    let mut backoff = (cfg.max_backoff_ns / 64).max(1);
+    let mut orphan_since: Option<u64> = None;
+    loop {
+        p.window_enter();
+        let got = p.sem_wait(&r.sem, 0);
+        if got == SemWait::Acquired {
+            r.owner_pid.store(me.0, Ordering::SeqCst);
+        }
+        p.window_exit();
+        if got == SemWait::Acquired {
+            return Ok(Guard { p, me });
+        }
+        let now = p.now_ns();
+        let owner = ProcId(r.owner_pid.load(Ordering::SeqCst));
+        if owner != ProcId::NONE {
+            orphan_since = None;
+            if p.liveness(owner) == Liveness::Dead {
+                p.window_enter();
+                let won = r
+                    .owner_pid
+                    .compare_exchange(owner.0, 0, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok();
+                if won {
+                    p.sem_post(&r.sem);
+                }
+                p.window_exit();
+                if won {
+                    p.report(Problem::RecoveredDeadOwner { pid: owner.pid() });
+                }
+            }
+        } else if p.sem_value(&r.sem) == 0
+            && (m != Mutation::WindowResetsTimer || !p.window_held_by_other())
+        {
+            let since = *orphan_since.get_or_insert(now);
+            if now.saturating_sub(since) >= cfg.orphan_grace_ns && take_over(p, m, me) {
+                return Ok(Guard { p, me });
+            }
+        } else {
+            orphan_since = None;
+        }
+        if now.saturating_sub(start) >= cfg.deadline_ns {
+            return Err(());
+        }
+        p.sleep_ns(backoff);
+        backoff = (backoff * 2).min(cfg.max_backoff_ns);
+    }
+}
+
+fn looks_lost<const S: usize, const D: usize>(p: &SimProc<S, D>) -> bool {
+    p.sem_value(&p.region().sem) == 0 && !p.window_held_by_other()
+}
+
+fn take_over<const S: usize, const D: usize>(p: &SimProc<S, D>, m: Mutation, me: ProcId) -> bool {
+    let r = p.region();
+    p.window_enter();
+    let mut won = looks_lost(p)
+        && r.owner_pid
+            .compare_exchange(0, me.0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+    if won && m != Mutation::NoRevalidation {
+        let still_lost = !p.window_held_by_other()
+            && p.sem_value(&r.sem) == 0
+            && !p.window_held_by_other()
+            && r.owner_pid.load(Ordering::SeqCst) == me.0;
+        if !still_lost {
+            let _ = r
+                .owner_pid
+                .compare_exchange(me.0, 0, Ordering::SeqCst, Ordering::SeqCst);
+            won = false;
+        }
+    }
+    p.window_exit();
+    if won {
+        p.report(Problem::RecoveredLostToken);
+    }
+    won
+}
