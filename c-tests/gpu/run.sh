@@ -166,8 +166,9 @@ if [ "$torch_ok" = 1 ]; then
         else
             row nvidia-smi-inside FAIL "total,used = '$smi' inside (want 4096); $host outside"
         fi
-        # A is SIGKILLed: its 2 GiB become available to the next process.
-        kill -KILL "$apid" 2>/dev/null
+        # A (the python process itself, not its timeout wrapper) is SIGKILLed: its 2 GiB become
+        # available to the next process.
+        kill -KILL "$(cat "$work/a.ready")" 2>/dev/null
         wait "$apid" 2>/dev/null
         sleep 1
         log=$work/c.log

@@ -73,7 +73,8 @@ if mode == "hold":
     mib, path = int(sys.argv[2]), sys.argv[3]
     x = torch.empty(mib * MIB, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         f.write("%d\n" % os.getpid())
+    os.rename(path + ".tmp", path)
     while True:
         time.sleep(1)

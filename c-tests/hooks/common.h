@@ -156,6 +156,19 @@ static __attribute__((unused)) unsigned long long region_usage_kind(int dev, int
 
 static __attribute__((unused)) unsigned long long region_usage(int dev) { return region_usage_kind(dev, -1); }
 
+/* Usage of region device `dev` by the slot of process `pid`. */
+static __attribute__((unused)) unsigned long long region_usage_pid(int dev, int pid)
+{
+    shared_region_t *r = region();
+    int n = r->proc_num;
+    if (n > ABI_SLOTS)
+        n = ABI_SLOTS;
+    for (int i = 0; i < n; i++)
+        if (r->procs[i].pid == pid)
+            return r->procs[i].used[dev].total;
+    return 0;
+}
+
 /* Live slots in the region. */
 static __attribute__((unused)) int region_live_slots(void)
 {

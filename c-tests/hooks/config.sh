@@ -32,9 +32,9 @@ check "CUDA_DEVICE_MEMORY_LIMIT_0=1.5g: one line names it (got $lines)" $([ "$li
 echo "     [config] stderr: $(grep 'CUDA_DEVICE_MEMORY_LIMIT_0' <<<"$err")"
 check "the global limit applies instead: total $(field total) == 1 GiB" $([ "$(field total)" = "1073741824" ]; echo $?)
 
-run CUDA_DEVICE_MEMORY_LIMIT=512m
-check "a good limit is silent (stderr: '${err}')" $([ -z "$(grep -i 'CUDA_DEVICE_MEMORY_LIMIT' <<<"$err")" ]; echo $?)
-check "CUDA_DEVICE_MEMORY_LIMIT=512m: total $(field total) and cuDeviceTotalMem $(field devtotal) == 512 MiB" $([ "$(field total)" = "536870912" ] && [ "$(field devtotal)" = "536870912" ]; echo $?)
+run CUDA_DEVICE_MEMORY_LIMIT=1536m
+check "a good limit is silent (stderr: '${err}')" $([ -z "$err" ]; echo $?)
+check "CUDA_DEVICE_MEMORY_LIMIT=1536m: total $(field total) and cuDeviceTotalMem $(field devtotal) == 1536 MiB" $([ "$(field total)" = "1610612736" ] && [ "$(field devtotal)" = "1610612736" ]; echo $?)
 
 run CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_SM_LIMIT=150
 lines=$(grep -c 'CUDA_DEVICE_SM_LIMIT' <<<"$err")

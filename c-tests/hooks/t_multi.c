@@ -73,6 +73,12 @@ static int worker(int out_fd, unsigned seed, unsigned long long limit)
         if (rand() % 4 == 0)
             usleep((useconds_t)(rand() % 500));
     }
+    {
+        unsigned long long mine = region_usage_pid(0, getpid()), real = real_used_by(0, getpid());
+        if (real > mine)
+            INFO("pid %d: the driver holds %llu MiB, %llu MiB more than accounted (%llu MiB)",
+                 getpid(), real / MIB, (real - mine) / MIB, mine / MIB);
+    }
     while (n > 0) {
         struct held x = held[--n];
         CUresult r = x.kind == 3 ? cuMemRelease(x.h)

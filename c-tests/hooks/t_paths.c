@@ -45,6 +45,17 @@ static unsigned long long grew_at_least(const char *what, struct snap b, unsigne
     return d;
 }
 
+/* After a pool allocation: a real driver grows pools in steps of its own (32 MiB), which the
+ * accounting follows; the stand-in grows by exactly the shortfall. */
+static void grew_pool(const char *what, struct snap b, unsigned long long expect)
+{
+    if (on_fake()) {
+        grew(what, b, expect);
+        return;
+    }
+    grew_at_least(what, b, expect);
+}
+
 static void back(const char *what, struct snap b)
 {
     struct snap a = snap();
@@ -167,7 +178,7 @@ int main(void)
     CU(cuDeviceGetMemPool(&dpool, dev));
     b = snap();
     CU(cuMemAllocAsync(&p, 6 * MIB + 1, NULL));
-    grew("cuMemAllocAsync(6 MiB + 1)", b, round_up(6 * MIB + 1, g_gran));
+    grew_pool("cuMemAllocAsync(6 MiB + 1)", b, round_up(6 * MIB + 1, g_gran));
     CU(cuMemFreeAsync(p, NULL));
     CU(cuStreamSynchronize(NULL));
     struct snap kept = snap();
@@ -186,7 +197,7 @@ int main(void)
 
     b = snap();
     CU(cuMemAllocAsync_ptsz(&p, 6 * MIB, CU_STREAM_PER_THREAD));
-    grew("cuMemAllocAsync_ptsz(6 MiB)", b, round_up(6 * MIB, g_gran));
+    grew_pool("cuMemAllocAsync_ptsz(6 MiB)", b, round_up(6 * MIB, g_gran));
     CU(cuMemFreeAsync_ptsz(p, CU_STREAM_PER_THREAD));
     CU(cuStreamSynchronize_ptsz(CU_STREAM_PER_THREAD));
     CU(cuMemPoolTrimTo(dpool, 0));
@@ -209,9 +220,9 @@ int main(void)
     CU(cuMemPoolCreate(&pool, &pp));
     b = snap();
     CU(cuMemAllocFromPoolAsync(&p, 12 * MIB, pool, NULL));
-    grew("cuMemAllocFromPoolAsync(12 MiB)", b, 12 * MIB);
+    grew_pool("cuMemAllocFromPoolAsync(12 MiB)", b, 12 * MIB);
     CU(cuMemAllocFromPoolAsync_ptsz(&p2, 2 * MIB, pool, CU_STREAM_PER_THREAD));
-    grew("... plus cuMemAllocFromPoolAsync_ptsz(2 MiB)", b, 14 * MIB);
+    grew_pool("... plus cuMemAllocFromPoolAsync_ptsz(2 MiB)", b, 14 * MIB);
     CU(cuMemFreeAsync(p, NULL));
     CU(cuMemFreeAsync_ptsz(p2, CU_STREAM_PER_THREAD));
     CU(cuStreamSynchronize(NULL));

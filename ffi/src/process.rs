@@ -26,7 +26,10 @@ const TERMINATING: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP
 
 /// Publishes the slot the exit paths must free.
 pub(crate) fn set_exit_slot(region: &'static SharedRegion, slot: usize, me: ProcId) {
-    EXIT_REGION.store(region as *const SharedRegion as *mut SharedRegion, Ordering::Relaxed);
+    EXIT_REGION.store(
+        region as *const SharedRegion as *mut SharedRegion,
+        Ordering::Relaxed,
+    );
     EXIT_ID.store(me.0, Ordering::Relaxed);
     EXIT_SLOT.store(slot, Ordering::Release);
 }
@@ -87,7 +90,9 @@ fn install_if_default(sig: libc::c_int) {
     // nothing, and we only install over SIG_DFL.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+            || old.sa_sigaction != libc::SIG_DFL
+        {
             return;
         }
         let mut act: libc::sigaction = std::mem::zeroed();

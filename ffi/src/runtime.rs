@@ -131,7 +131,12 @@ fn build() -> Runtime {
         Ok((file, outcome)) => {
             let fd = file.fd();
             let region = file.leak();
-            let rt = Runtime::new(region, LinuxPlatform::new(fd, SharedRegion::SIZE), config, true);
+            let rt = Runtime::new(
+                region,
+                LinuxPlatform::new(fd, SharedRegion::SIZE),
+                config,
+                true,
+            );
             if outcome == InitOutcome::AlreadyReady {
                 warn_limit_mismatch(region, &params);
             }
@@ -160,7 +165,8 @@ fn open_shared(
     config: &Config,
     params: &InitParams<ABI_DEVS>,
 ) -> Result<(RegionFile, InitOutcome), String> {
-    let file = region_file::open(&config.cache_path, OpenMode::ReadWrite).map_err(|e| e.to_string())?;
+    let file =
+        region_file::open(&config.cache_path, OpenMode::ReadWrite).map_err(|e| e.to_string())?;
     let platform = LinuxPlatform::new(file.fd(), SharedRegion::SIZE);
     let region = file.region();
     let path = config.cache_path.display();
@@ -206,7 +212,12 @@ fn warn_limit_mismatch(region: &SharedRegion, params: &InitParams<ABI_DEVS>) {
 }
 
 impl Runtime {
-    fn new(region: &'static SharedRegion, platform: LinuxPlatform, config: Config, shared: bool) -> Self {
+    fn new(
+        region: &'static SharedRegion,
+        platform: LinuxPlatform,
+        config: Config,
+        shared: bool,
+    ) -> Self {
         Runtime {
             region,
             platform,

@@ -116,7 +116,8 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         for dev in (0..ABI_DEVS).filter(|d| mask & (1 << d) != 0) {
             let b = &rt.region.uuids[dev].bucket;
             let tokens = b.tokens.load(Ordering::Relaxed) as i64;
-            let earned = (b.rate.load(Ordering::Relaxed) as u128 * period_ns as u128 / 1_000_000_000) as i64;
+            let earned =
+                (b.rate.load(Ordering::Relaxed) as u128 * period_ns as u128 / 1_000_000_000) as i64;
             let consumed = (last_tokens[dev] + earned - tokens).max(0) as u64;
             last_tokens[dev] = tokens;
             if !hold_lease(rt, dev) {

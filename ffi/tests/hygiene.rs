@@ -42,7 +42,11 @@ fn initialisation_keeps_umask_cwd_and_application_handlers() {
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0o027) };
     let cwd = std::env::current_dir().unwrap();
-    let (term, usr1, usr2) = (handler_of(libc::SIGTERM), handler_of(libc::SIGUSR1), handler_of(libc::SIGUSR2));
+    let (term, usr1, usr2) = (
+        handler_of(libc::SIGTERM),
+        handler_of(libc::SIGUSR1),
+        handler_of(libc::SIGUSR2),
+    );
     assert_eq!(handler_of(libc::SIGINT), libc::SIG_DFL, "test precondition");
 
     let rt = vgpu::runtime::get().expect("runtime initialises");
@@ -56,11 +60,27 @@ fn initialisation_keeps_umask_cwd_and_application_handlers() {
         m
     };
     assert_eq!(mask, 0o027, "umask changed");
-    assert_eq!(std::env::current_dir().unwrap(), cwd, "working directory changed");
-    assert_eq!(handler_of(libc::SIGTERM), term, "the application's SIGTERM handler was replaced");
-    assert_eq!(handler_of(libc::SIGUSR1), usr1, "the application's SIGUSR1 handler was replaced");
+    assert_eq!(
+        std::env::current_dir().unwrap(),
+        cwd,
+        "working directory changed"
+    );
+    assert_eq!(
+        handler_of(libc::SIGTERM),
+        term,
+        "the application's SIGTERM handler was replaced"
+    );
+    assert_eq!(
+        handler_of(libc::SIGUSR1),
+        usr1,
+        "the application's SIGUSR1 handler was replaced"
+    );
     assert_eq!(handler_of(libc::SIGUSR2), usr2, "SIGUSR2 was touched");
-    assert_ne!(handler_of(libc::SIGINT), libc::SIG_DFL, "a default SIGINT gets the slot-releasing handler");
+    assert_ne!(
+        handler_of(libc::SIGINT),
+        libc::SIG_DFL,
+        "a default SIGINT gets the slot-releasing handler"
+    );
 
     // The application's handler still runs.
     // SAFETY: raising a signal whose handler only stores an atomic.

@@ -48,6 +48,11 @@ static LAST_COST: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS
 /// The pid NVML reports for this process, once known (0 = unknown).
 static NVML_PID: AtomicU32 = AtomicU32::new(0);
 
+/// In a forked child (atomics only): the child has its own pid in NVML's list.
+pub(crate) fn after_fork() {
+    NVML_PID.store(0, Ordering::Relaxed);
+}
+
 fn configured_estimate() -> u64 {
     static CACHE: AtomicU64 = AtomicU64::new(0);
     let c = CACHE.load(Ordering::Relaxed);

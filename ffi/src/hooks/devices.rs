@@ -112,20 +112,28 @@ pub fn nvml_handle(idx: usize) -> Option<NvmlDevice> {
     unsafe { f(idx as u32, &mut h) }.ok().then_some(h)
 }
 
+/// Whether NVML is initialised for our queries: 0 unknown, 1 yes, 2 failed.
+static NVML_STATE: AtomicU8 = AtomicU8::new(0);
+
+/// In a forked child (atomics only): NVML is initialised again before our next query.
+pub(crate) fn after_fork() {
+    NVML_STATE.store(0, Ordering::Relaxed);
+}
+
 /// Initialises NVML for our own queries, once (its reference count keeps it alive whatever the
 /// application does with its own `nvmlInit`/`nvmlShutdown` pairs).
 pub fn nvml_init() -> bool {
-    static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 ok, 2 failed
-    match STATE.load(Ordering::Acquire) {
+    match NVML_STATE.load(Ordering::Acquire) {
         1 => true,
         2 => false,
         _ => {
+            super::table::install_fork_handlers();
             let ok = real::nvmlInit_v2
                 .get()
                 // SAFETY: the real nvmlInit_v2, no arguments.
                 .map(|f| unsafe { f() }.ok())
                 .unwrap_or(false);
-            STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
+            NVML_STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
             ok
         }
     }

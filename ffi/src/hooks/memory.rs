@@ -19,10 +19,11 @@
 //! `free = min(total − usage, real free)` (never below 0); `cuDeviceTotalMem(_v2)` reports
 //! `min(limit, real total)`. With no limit on the device both pass through unchanged.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use hami_shm::seqlock::Kind;
 
+use crate::log::log_debug;
 use crate::runtime::Runtime;
 
 use super::devices::{self, granularity, round_up};
@@ -82,7 +83,9 @@ fn admitted(
         a.rt.release(dev, Kind::Data, bytes);
         return r;
     }
-    record(a.rt, key(), Record::data(dev, bytes, ctx));
+    let k = key();
+    log_debug!("{what}: {bytes} bytes accounted on device {dev} ({k:?})");
+    record(a.rt, k, Record::data(dev, bytes, ctx));
     r
 }
 
@@ -94,7 +97,14 @@ fn freed(key: Key, call: impl FnOnce() -> CUresult) -> CUresult {
     let rec = table::remove(key);
     let r = call();
     match rec {
-        Some(rec) if r.ok() => release_record(a.rt, &rec),
+        Some(rec) if r.ok() => {
+            log_debug!(
+                "free of {key:?}: {} bytes released on device {}",
+                rec.bytes,
+                rec.dev
+            );
+            release_record(a.rt, &rec)
+        }
         // The driver refused the free: the memory is still allocated.
         Some(rec) => {
             let _ = table::insert(key, rec);
@@ -411,6 +421,49 @@ fn current_pool(ordinal: CUdevice) -> CUmemoryPool {
     }
 }
 
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+
+/// What a real pool grows by at least when the driver can tell us its reserve (NVIDIA drivers
+/// reserve pool memory in 32 MiB steps; the reserve is read back after each allocation).
+const POOL_CHUNK: u64 = 32 << 20;
+
+/// The driver's own count of `pool`'s reserve, if it has `cuMemPoolGetAttribute`.
+fn reserved_real(pool: usize) -> Option<u64> {
+    let f = real::cuMemPoolGetAttribute.get()?;
+    let mut v: u64 = 0;
+    // SAFETY: the real query writing one cuuint64_t into a local, for a pool handle the
+    // application used successfully.
+    let r = unsafe {
+        f(
+            pool as CUmemoryPool,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            (&mut v as *mut u64).cast(),
+        )
+    };
+    r.ok().then_some(v)
+}
+
+/// Moves the model's reserve of `pool` to what the driver reports (never below `inuse`). Fails,
+/// changing nothing, if a larger reserve is refused.
+fn reconcile(
+    rt: &Runtime,
+    m: &mut table::PoolMap,
+    pool: usize,
+) -> Result<(), hami_shm::admission::OutOfMemory> {
+    let (Some(st), Some(real)) = (m.get_mut(&pool), reserved_real(pool)) else {
+        return Ok(());
+    };
+    let target = real.max(st.inuse);
+    if target > st.reserved {
+        rt.reserve(st.dev, Kind::Data, target - st.reserved)?;
+    } else {
+        rt.release(st.dev, Kind::Data, st.reserved - target);
+    }
+    st.reserved = target;
+    Ok(())
+}
+
 /// Trims `pool` to its live allocations with the real driver.
 fn trim_real(pool: usize) -> bool {
     real::cuMemPoolTrimTo
@@ -427,10 +480,13 @@ fn trim_cached(rt: &Runtime, m: &mut table::PoolMap, dev: usize) -> u64 {
     let mut released = 0;
     for (&pool, st) in m.iter_mut() {
         if st.dev == dev && !st.destroyed && st.reserved > st.inuse && trim_real(pool) {
-            let spare = st.reserved - st.inuse;
-            rt.release(st.dev, Kind::Data, spare);
-            st.reserved = st.inuse;
-            released += spare;
+            let left = reserved_real(pool).map_or(st.inuse, |r| r.max(st.inuse));
+            if left < st.reserved {
+                let spare = st.reserved - left;
+                rt.release(st.dev, Kind::Data, spare);
+                st.reserved = left;
+                released += spare;
+            }
         }
     }
     released
@@ -474,14 +530,25 @@ fn pool_take(
             destroyed: false,
         };
         let st = *m.entry(pool).or_insert(fresh);
-        let mut grow = st.inuse.saturating_add(bytes).saturating_sub(st.reserved);
+        let chunk = if real::cuMemPoolGetAttribute.get().is_some() {
+            POOL_CHUNK
+        } else {
+            1
+        };
+        let mut grow = round_up(
+            st.inuse.saturating_add(bytes).saturating_sub(st.reserved),
+            chunk,
+        );
         if grow > 0 {
             if let Err(oom) = rt.reserve(st.dev, Kind::Data, grow) {
                 if trim_cached(rt, m, st.dev) == 0 {
                     return Err(oom);
                 }
                 let st = m.get(&pool).copied().unwrap_or(fresh);
-                grow = st.inuse.saturating_add(bytes).saturating_sub(st.reserved);
+                grow = round_up(
+                    st.inuse.saturating_add(bytes).saturating_sub(st.reserved),
+                    chunk,
+                );
                 rt.reserve(st.dev, Kind::Data, grow)?;
             }
         }
@@ -504,6 +571,14 @@ fn pool_untake(rt: &Runtime, pool: usize, bytes: u64, grow: u64) {
     })
 }
 
+/// Frees a stream-ordered allocation we just made, on the stream it was made on.
+fn free_pool_ptr(k: Key, stream: CUstream) {
+    if let (Key::Ptr(p), Some(f)) = (k, real::cuMemFreeAsync.get()) {
+        // SAFETY: freeing the allocation the driver just made, on its own stream.
+        let _ = unsafe { f(p, stream) };
+    }
+}
+
 /// A stream-ordered allocation from `pool` (null: the current device's current pool).
 fn pool_alloc(
     what: &str,
@@ -512,6 +587,7 @@ fn pool_alloc(
     out_valid: bool,
     call: impl FnOnce() -> CUresult,
     key: impl FnOnce() -> Key,
+    undo: impl FnOnce(Key),
 ) -> CUresult {
     let Some(a) = active() else {
         return call();
@@ -551,9 +627,32 @@ fn pool_alloc(
         pool_untake(a.rt, p, bytes, grow);
         return r;
     }
+    let k = key();
+    // The driver may have grown the pool by more than the model (its own steps): account what
+    // it reports, or give the allocation back if that does not fit.
+    let fits = table::with_pools(|m| {
+        if reconcile(a.rt, m, p).is_ok() {
+            return Ok(());
+        }
+        undo(k);
+        if let Some(st) = m.get_mut(&p) {
+            st.inuse = st.inuse.saturating_sub(bytes);
+        }
+        if trim_real(p) {
+            let _ = reconcile(a.rt, m, p);
+        }
+        Err(hami_shm::admission::OutOfMemory {
+            used: a.rt.usage(dev),
+            limit: a.rt.limit(dev).unwrap_or(0),
+        })
+    });
+    if let Err(oom) = fits {
+        return refused(what, dev, bytes, oom);
+    }
+    log_debug!("{what}: {bytes} bytes from pool {p:#x} on device {dev} (reserve grew {grow})");
     let mut rec = Record::data(dev, bytes, 0);
     rec.pool = p;
-    record(a.rt, key(), rec);
+    record(a.rt, k, rec);
     r
 }
 
@@ -579,6 +678,7 @@ macro_rules! alloc_async {
                     || unsafe { f(dptr, bytesize, h_stream) },
                     // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
                     || Key::Ptr(unsafe { *dptr }),
+                    |k| free_pool_ptr(k, h_stream),
                 )
             })
         }
@@ -614,6 +714,7 @@ macro_rules! alloc_from_pool {
                     || unsafe { f(dptr, bytesize, pool, h_stream) },
                     // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
                     || Key::Ptr(unsafe { *dptr }),
+                    |k| free_pool_ptr(k, h_stream),
                 )
             })
         }
@@ -663,8 +764,9 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: 
         };
         table::with_pools(|m| {
             if let Some(st) = m.get_mut(&(pool as usize)) {
-                let keep =
-                    round_up(min_bytes_to_keep as u64, granularity(st.ordinal)).max(st.inuse);
+                let keep = reserved_real(pool as usize)
+                    .unwrap_or_else(|| round_up(min_bytes_to_keep as u64, granularity(st.ordinal)))
+                    .max(st.inuse);
                 if st.reserved > keep {
                     a.rt.release(st.dev, Kind::Data, st.reserved - keep);
                     st.reserved = keep;

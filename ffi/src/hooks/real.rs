@@ -248,6 +248,7 @@ real_fns! { CUDA;
     cuMemPoolCreate(*mut CUmemoryPool, *const CUmemPoolPropsPrefix) -> CUresult;
     cuMemPoolDestroy(CUmemoryPool) -> CUresult;
     cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
+    cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
     cuArrayCreate(*mut CUarray, *const CudaArrayDescriptorV1) -> CUresult;
     cuArrayCreate_v2(*mut CUarray, *const CudaArrayDescriptor) -> CUresult;
     cuArray3DCreate(*mut CUarray, *const CudaArray3dDescriptorV1) -> CUresult;

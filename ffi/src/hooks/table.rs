@@ -272,6 +272,8 @@ extern "C" fn after_fork_parent() {
 }
 
 extern "C" fn after_fork_child() {
+    super::context::after_fork();
+    super::devices::after_fork();
     // SAFETY: the child has one thread and `before_fork` took the pools' lock, so nothing else
     // can reference the map. `clear` keeps the capacity and does not allocate.
     unsafe { (*POOLS.map.get()).clear() };
@@ -284,7 +286,8 @@ extern "C" fn after_fork_child() {
     }
 }
 
-fn install_fork_handlers() {
+/// Registers the fork handlers (once; also called by the other per-process state's first use).
+pub(crate) fn install_fork_handlers() {
     static ONCE: Once = Once::new();
     if ONCE.is_completed() {
         return;
