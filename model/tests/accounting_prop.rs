@@ -81,8 +81,8 @@ struct Owner {
     alive: bool,
     /// Bytes per device and kind.
     usage: [[u64; 3]; DEVS],
-    /// `total` per device: the sum of the kinds, except after an over-release, which core
-    /// clamps per counter (see `over_release_keeps_total_equal_to_the_kinds`).
+    /// `total` per device, kept apart from the kinds so that a drift between them shows (see
+    /// `over_release_keeps_total_equal_to_the_kinds`).
     total: [u64; DEVS],
 }
 
@@ -242,9 +242,11 @@ impl Harness {
                     held + per_mille - 1000
                 };
                 admission::release(p.region(), p, slot, dev, KINDS[kind], bytes);
-                owner.usage[dev][kind] = held.saturating_sub(bytes);
-                owner.total[dev] = total.saturating_sub(bytes);
-                if bytes > held || bytes > total {
+                // Only what the kind held comes off, from the kind and from the total.
+                let removed = bytes.min(held);
+                owner.usage[dev][kind] = held - removed;
+                owner.total[dev] = total.saturating_sub(removed);
+                if bytes > held || removed > total {
                     self.underflows += 1;
                 }
             }

@@ -17,7 +17,6 @@ use hami_shm::slots;
 use hami_shm::sync::Ordering;
 
 mod mutant_lock;
-use mutant_lock::Mutation;
 
 type S = Sim<2, 1>;
 
@@ -192,7 +191,7 @@ fn lost_token_model(take: fn(&SimProc<2, 1>)) {
 #[should_panic]
 fn mutation_takeover_without_revalidation() {
     lost_token_model(|p| {
-        mutant_lock::with_lock(p, Mutation::NoRevalidation, &model_lock_cfg(), || ())
+        mutant_lock::with_lock(p, &model_lock_cfg(), || ())
             .expect("a lost token must be taken over within the deadline");
     });
 }

@@ -1,14 +1,9 @@
-//! The owner lock's acquire (core/src/lock.rs) as a test-local copy with one of two bugs
-//! planted, the two that the models found in an earlier version of core and that core now
-//! fixes (core's helpers are private, so the mutant is a copy):
-//!
-//! - [`Mutation::NoRevalidation`]: the lost-token takeover CASes `owner_pid` from 0 after
-//!   checking "semaphore 0, nobody in the window", and does not re-check after the CAS. A
-//!   whole release (CAS to 0, post, leave the window) can run between the checks and the CAS,
-//!   which then wins a lock whose token was just posted: two holders.
-//! - [`Mutation::WindowResetsTimer`]: the orphan timer restarts whenever another process is
-//!   seen in the window. With the token lost, every window is another waiter's failing
-//!   try-take, so under contention the takeover starves and acquisitions time out.
+//! The owner lock's acquire (core/src/lock.rs) as a test-local copy with a bug planted (core's
+//! helpers are private, so the mutant is a copy): the lost-token takeover CASes `owner_pid`
+//! from 0 after checking "semaphore 0, nobody in the window", and does not re-check after the
+//! CAS, as an earlier core did. A whole release (CAS to 0, post, leave the window) can run
+//! between the checks and the CAS, which then wins a lock whose token was just posted: two
+//! holders.
 //!
 //! Used by `loom_lock.rs` and `shuttle_scenario.rs` to show that their checks catch each bug.
 #![allow(dead_code)]
@@ -47,11 +42,10 @@ impl<const S: usize, const D: usize> Drop for Guard<'_, S, D> {
 /// `SimProc::with_owner_lock`, releases. `Err(())` on timeout.
 pub fn with_lock<R, const S: usize, const D: usize>(
     p: &SimProc<S, D>,
-    m: Mutation,
     cfg: &LockConfig,
     f: impl FnOnce() -> R,
 ) -> Result<R, ()> {
-    let guard = ManuallyDrop::new(acquire(p, m, cfg)?);
+    let guard = ManuallyDrop::new(acquire(p, cfg)?);
     p.check_holder();
     p.world().cs_enter(p.idx());
     let r = f();
@@ -61,17 +55,9 @@ pub fn with_lock<R, const S: usize, const D: usize>(
     Ok(r)
 }
 
-/// Which bug the copy carries.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Mutation {
-    NoRevalidation,
-    WindowResetsTimer,
-}
-
-/// Core's `lock::acquire` with mutation `m`.
+/// Core's `lock::acquire` with the takeover's re-check removed.
 pub fn acquire<'a, const S: usize, const D: usize>(
     p: &'a SimProc<S, D>,
-    m: Mutation,
     cfg: &LockConfig,
 ) -> Result<Guard<'a, S, D>, ()> {
     let r = p.region();
@@ -107,11 +93,9 @@ pub fn acquire<'a, const S: usize, const D: usize>(
                     p.report(Problem::RecoveredDeadOwner { pid: owner.pid() });
                 }
             }
-        } else if p.sem_value(&r.sem) == 0
-            && (m != Mutation::WindowResetsTimer || !p.window_held_by_other())
-        {
+        } else if p.sem_value(&r.sem) == 0 {
             let since = *orphan_since.get_or_insert(now);
-            if now.saturating_sub(since) >= cfg.orphan_grace_ns && take_over(p, m, me) {
+            if now.saturating_sub(since) >= cfg.orphan_grace_ns && take_over(p, me) {
                 return Ok(Guard { p, me });
             }
         } else {
@@ -129,25 +113,13 @@ fn looks_lost<const S: usize, const D: usize>(p: &SimProc<S, D>) -> bool {
     p.sem_value(&p.region().sem) == 0 && !p.window_held_by_other()
 }
 
-fn take_over<const S: usize, const D: usize>(p: &SimProc<S, D>, m: Mutation, me: ProcId) -> bool {
+fn take_over<const S: usize, const D: usize>(p: &SimProc<S, D>, me: ProcId) -> bool {
     let r = p.region();
     p.window_enter();
-    let mut won = looks_lost(p)
+    let won = looks_lost(p)
         && r.owner_pid
             .compare_exchange(0, me.0, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
-    if won && m != Mutation::NoRevalidation {
-        let still_lost = !p.window_held_by_other()
-            && p.sem_value(&r.sem) == 0
-            && !p.window_held_by_other()
-            && r.owner_pid.load(Ordering::SeqCst) == me.0;
-        if !still_lost {
-            let _ = r
-                .owner_pid
-                .compare_exchange(me.0, 0, Ordering::SeqCst, Ordering::SeqCst);
-            won = false;
-        }
-    }
     p.window_exit();
     if won {
         p.report(Problem::RecoveredLostToken);
