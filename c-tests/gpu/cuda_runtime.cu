@@ -23,8 +23,13 @@ int main(int argc, char **argv) {
     CHECK(cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot == limit,
           "cudaMemGetInfo total %zu == limit %llu (free %zu)", tot, limit, fr);
     size_t ctx = tot - fr;
+    // used(): what the application sees in use now (limit - free).
+#define USED() (cudaMemGetInfo(&fr, &tot), tot - fr)
+#define BACK(what, base) do { size_t u_ = USED(); CHECK(u_ <= (base) + (2u << 20), \
+        "%s gives its memory back (in use %zu MiB, was %zu MiB before)", what, u_ >> 20, (size_t)(base) >> 20); } while (0)
 
     int n = 1 << 20, *d = NULL, *h = (int *)malloc(n * sizeof(int));
+    size_t base = USED();
     CHECK(cudaMalloc(&d, n * sizeof(int)) == cudaSuccess, "cudaMalloc 4 MiB");
     fill<<<(n + 255) / 256, 256>>>(d, n, 7);
     CHECK(cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess, "kernel launch");
@@ -35,6 +40,8 @@ int main(int argc, char **argv) {
     fill<<<(n + 255) / 256, 256, 0, cudaStreamPerThread>>>(d, n, 9);
     CHECK(cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess, "per-thread-stream launch");
     cudaFree(d);
+    BACK("cudaFree of 4 MiB", base);
+    base = USED();
 
     void *m = NULL;
     size_t before, after;
@@ -43,6 +50,8 @@ int main(int argc, char **argv) {
     cudaMemGetInfo(&after, &tot);
     CHECK(before - after >= (64u << 20), "managed memory counted (%zu MiB)", (before - after) >> 20);
     cudaFree(m);
+    BACK("cudaFree of managed memory", base);
+    base = USED();
 
     void *a = NULL;
     cudaMemGetInfo(&before, &tot);
@@ -51,6 +60,12 @@ int main(int argc, char **argv) {
     CHECK(before - after >= (64u << 20), "stream-ordered memory counted (%zu MiB)", (before - after) >> 20);
     cudaFreeAsync(a, s);
     cudaStreamSynchronize(s);
+    {
+        cudaMemPool_t pool0;
+        cudaDeviceGetDefaultMemPool(&pool0, 0);
+        cudaMemPoolTrimTo(pool0, 0);
+    }
+    BACK("cudaFreeAsync and a trim of the default pool", base);
 
     void *ptrs[4096];
     int k = 0;

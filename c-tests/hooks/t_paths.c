@@ -245,7 +245,9 @@ int main(void)
     {
         size_t fr0, tot0;
         CU(cuMemGetInfo_v2(&fr0, &tot0));
-        unsigned long long big = (fr0 / g_gran) * g_gran - 4 * g_gran;
+        /* Real pools reserve in 32 MiB steps, which admission counts ahead: leave two. */
+        unsigned long long step = 32ull * MIB;
+        unsigned long long big = (fr0 / step) * step - 2 * step;
         CUdeviceptr q = 0, q2 = 0;
         CU(cuMemAllocAsync(&q, big, NULL));
         CU(cuMemFreeAsync(q, NULL));

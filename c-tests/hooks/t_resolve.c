@@ -189,7 +189,9 @@ int main(void)
     CU(self("cuMemFreeAsync", (void **)&fa, 12080, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
             NULL));
     CU(aa(&p, 2 * g, CU_STREAM_PER_THREAD));
-    CHECK(region_usage(0) - b == 2 * g, "cuMemAllocAsync_ptsz via cuGetProcAddress is accounted");
+    /* At least the allocation: a real pool's reserve grows in larger steps, all of it counted. */
+    CHECK(region_usage(0) - b >= 2 * g, "cuMemAllocAsync_ptsz via cuGetProcAddress is accounted "
+          "(+%llu for %llu)", (unsigned long long)(region_usage(0) - b), (unsigned long long)(2 * g));
     CU(fa(p, CU_STREAM_PER_THREAD));
     CU(cuStreamSynchronize_ptsz(CU_STREAM_PER_THREAD));
     CUmemoryPool pool;

@@ -92,12 +92,6 @@ pub enum Problem {
     /// The release found `owner_pid` no longer ours: another process recovered the lock while we
     /// held it (we stalled past the grace period). The semaphore was not posted.
     LockStolen,
-    /// The sum of usage over slots was over the limit when this process observed it, even before
-    /// its own request: a C peer (which checks then acts) overshot.
-    PeerOvershoot {
-        /// Region device index.
-        dev: usize,
-    },
 }
 
 /// The operating-system services the protocols use. Implementations must be usable from any

@@ -343,7 +343,6 @@ fn problem_bit(problem: &Problem) -> u32 {
         Problem::RecoveredDeadOwner { .. } => 3,
         Problem::RecoveredLostToken => 4,
         Problem::LockStolen => 5,
-        Problem::PeerOvershoot { .. } => 6,
     }
 }
 
@@ -380,12 +379,6 @@ fn describe(problem: &Problem, f: &mut dyn fmt::Write) -> fmt::Result {
             f,
             "{REGION}: this process held the region lock so long that another process recovered \
              it; not releasing it twice. Check for a stalled (stopped, swapping) process"
-        ),
-        Problem::PeerOvershoot { dev } => write!(
-            f,
-            "{REGION}: device {dev}'s total usage was already over its limit (an older C \
-             HAMi-core peer checks then allocates); new allocations are refused until it drops. \
-             Upgrade all processes to this library"
         ),
     }
 }
@@ -673,7 +666,6 @@ mod tests {
             Problem::RecoveredDeadOwner { pid: 7 },
             Problem::RecoveredLostToken,
             Problem::LockStolen,
-            Problem::PeerOvershoot { dev: 2 },
         ];
         let mut bits = 0;
         for p in &all {

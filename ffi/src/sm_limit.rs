@@ -16,6 +16,7 @@ use hami_shm::layout::ABI_DEVS;
 use hami_shm::platform::Platform;
 
 use crate::config::UtilPolicy;
+use crate::log::log_debug;
 use crate::runtime::{self, Runtime};
 
 /// Bit `d` set: region device `d` has an SM limit below 100 (the one relaxed load of the
@@ -137,6 +138,10 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 starved: tokens < 0,
             });
             b.rate.store(rate, Ordering::Relaxed);
+            log_debug!(
+                "sm-limit device {dev}: utilisation {util:.0}% (limit {limit}%), {consumed} tokens in {} ms, rate {rate}/s",
+                period_ns / 1_000_000
+            );
         }
     }
 }

@@ -116,12 +116,10 @@ pub enum ProblemKind {
     RecoveredLostToken,
     /// [`Problem::LockStolen`].
     LockStolen,
-    /// [`Problem::PeerOvershoot`].
-    PeerOvershoot,
 }
 
 /// Number of [`ProblemKind`]s.
-pub const PROBLEM_KINDS: usize = 7;
+pub const PROBLEM_KINDS: usize = 6;
 
 impl ProblemKind {
     /// The kind of `p`.
@@ -133,7 +131,6 @@ impl ProblemKind {
             Problem::RecoveredDeadOwner { .. } => ProblemKind::RecoveredDeadOwner,
             Problem::RecoveredLostToken => ProblemKind::RecoveredLostToken,
             Problem::LockStolen => ProblemKind::LockStolen,
-            Problem::PeerOvershoot { .. } => ProblemKind::PeerOvershoot,
         }
     }
 }

@@ -367,7 +367,6 @@ impl Harness {
         );
         assert_eq!(w.problems(ProblemKind::LockStolen), 0);
         assert_eq!(w.problems(ProblemKind::StuckSeqlock), 0);
-        assert_eq!(w.problems(ProblemKind::PeerOvershoot), 0);
         match self.lock_held_by_dead {
             Some(id) => {
                 assert_eq!(w.sem_value(), 0);

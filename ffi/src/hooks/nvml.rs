@@ -7,7 +7,7 @@
 //! subtracts the driver's `reserved`, which it leaves as it is, capped at `total`). Without a
 //! limit, or for a handle that has no NVML index (a MIG device), the real values pass through.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -157,10 +157,26 @@ fn container_pids(rt: &Runtime) -> HashSet<u32> {
     s
 }
 
+/// The container's SM utilisation in `samples`: each of its processes' mean over its samples (a
+/// query can return several per process), summed. `None` if none of them is in the samples.
+fn container_share(samples: &[ProcessUtilSample], ours: &HashSet<u32>) -> Option<f64> {
+    let mut per_pid: HashMap<u32, (u64, u64)> = HashMap::new();
+    for s in samples.iter().filter(|s| ours.contains(&s.pid)) {
+        let e = per_pid.entry(s.pid).or_default();
+        e.0 += u64::from(s.sm_util.min(100));
+        e.1 += 1;
+    }
+    if per_pid.is_empty() {
+        return None;
+    }
+    let sum: f64 = per_pid.values().map(|&(u, n)| u as f64 / n as f64).sum();
+    Some(sum.min(100.0))
+}
+
 /// SM utilisation (percent) of region device `dev` by this container's processes since the last
-/// call, from `nvmlDeviceGetProcessUtilization`. If no sample can be attributed to the container
-/// (its processes run in another pid namespace and their host pids are not known), the device's
-/// overall utilisation stands in. `None` if NVML cannot tell.
+/// call, from `nvmlDeviceGetProcessUtilization`. If there is no new sample, or none can be
+/// attributed to the container (its processes run in another pid namespace and their host pids
+/// are not known), the device's overall utilisation stands in. `None` if NVML cannot tell.
 pub fn container_sm_util(dev: usize) -> Option<f64> {
     let rt = crate::runtime::existing()?;
     let h = devices::nvml_handle(dev)?;
@@ -187,17 +203,13 @@ pub fn container_sm_util(dev: usize) -> Option<f64> {
             if let Some(newest) = samples.iter().map(|s| s.time_stamp).max() {
                 last.store(newest, Ordering::Relaxed);
             }
-            let ours = container_pids(rt);
-            let mut sum = 0u64;
-            let mut matched = false;
-            for s in samples {
-                if ours.contains(&s.pid) {
-                    matched = true;
-                    sum += u64::from(s.sm_util.min(100));
-                }
+            // No sample newer than the last one: nothing new, not an idle GPU. The device-wide
+            // rate below answers instead.
+            if samples.is_empty() {
+                break;
             }
-            if matched || samples.is_empty() {
-                return Some(sum.min(100) as f64);
+            if let Some(util) = container_share(samples, &container_pids(rt)) {
+                return Some(util);
             }
             break;
         }
@@ -208,4 +220,34 @@ pub fn container_sm_util(dev: usize) -> Option<f64> {
     unsafe { f(h, &mut u) }
         .ok()
         .then_some(f64::from(u.gpu.min(100)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(pid: u32, sm_util: u32) -> ProcessUtilSample {
+        ProcessUtilSample {
+            pid,
+            sm_util,
+            ..ProcessUtilSample::default()
+        }
+    }
+
+    #[test]
+    fn container_share_averages_per_process_and_sums_processes() {
+        let ours: HashSet<u32> = [10, 11].into_iter().collect();
+        let samples = [
+            sample(10, 20),
+            sample(10, 40),
+            sample(11, 15),
+            sample(99, 80),
+        ];
+        assert_eq!(container_share(&samples, &ours), Some(45.0));
+        assert_eq!(container_share(&[sample(99, 80)], &ours), None);
+        assert_eq!(
+            container_share(&[sample(10, 90), sample(11, 90)], &ours),
+            Some(100.0)
+        );
+    }
 }
