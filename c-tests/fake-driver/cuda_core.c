@@ -544,21 +544,21 @@ static CUresult ctx_get_device(CUdevice *device)
 
 CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    FK_LOCKED(ctx_create(pctx, flags, dev));
+    FK_LOCKED_CTX(ctx_create(pctx, flags, dev));
 }
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    FK_LOCKED(ctx_create(pctx, flags, dev));
+    FK_LOCKED_CTX(ctx_create(pctx, flags, dev));
 }
 CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                         unsigned int flags, CUdevice dev)
 {
-    FK_LOCKED(ctx_create_v3(pctx, paramsArray, numParams, flags, dev));
+    FK_LOCKED_CTX(ctx_create_v3(pctx, paramsArray, numParams, flags, dev));
 }
 CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
                         CUdevice dev)
 {
-    FK_LOCKED(ctx_create_v4(pctx, ctxCreateParams, flags, dev));
+    FK_LOCKED_CTX(ctx_create_v4(pctx, ctxCreateParams, flags, dev));
 }
 CUresult cuCtxDestroy(CUcontext ctx) { FK_LOCKED(ctx_destroy(ctx)); }
 CUresult cuCtxDestroy_v2(CUcontext ctx) { FK_LOCKED(ctx_destroy(ctx)); }
@@ -669,7 +669,7 @@ static CUresult pctx_set_flags(CUdevice dev, unsigned int flags, int v2)
     return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { FK_LOCKED(pctx_retain(pctx, dev)); }
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { FK_LOCKED_CTX(pctx_retain(pctx, dev)); }
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { FK_LOCKED(pctx_release(dev)); }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { FK_LOCKED(pctx_release(dev)); }
 CUresult cuDevicePrimaryCtxReset(CUdevice dev) { FK_LOCKED(pctx_reset(dev)); }

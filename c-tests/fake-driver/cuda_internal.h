@@ -45,6 +45,20 @@ extern int g_vis[FAKE_MAX_DEV]; /* ordinal -> physical */
         return fk_r_;                           \
     } while (0)
 
+/* FK_LOCKED for context creation: a real context takes 100 ms or more to create, which
+ * FAKE_CTX_CREATE_MS models after the context's memory is charged, outside the lock. */
+#define FK_LOCKED_CTX(expr)                                                       \
+    do {                                                                          \
+        CUresult fk_r_;                                                           \
+        pthread_mutex_lock(&g_mu);                                                \
+        fk_r_ = (expr);                                                           \
+        unsigned long long fk_ms_ = g_cfg.ctx_create_ms;                          \
+        pthread_mutex_unlock(&g_mu);                                              \
+        if (fk_r_ == CUDA_SUCCESS && fk_ms_)                                      \
+            fake_sleep_until(fake_now_ns() + fk_ms_ * 1000000ULL);                \
+        return fk_r_;                                                             \
+    } while (0)
+
 #define FK_REQUIRE_INIT()                       \
     do {                                        \
         if (!g_inited)                          \

@@ -85,6 +85,8 @@ static int dev_index(nvmlDevice_t d)
 static nvmlReturn_t nv_init(void)
 {
     fake_config_load(&g_ncfg);
+    if (g_ncfg.nvml_fail == 1)
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     struct fake_state *s = fake_state_map(g_ncfg.state_path);
     if (!s)
         return NVML_ERROR_UNKNOWN;
@@ -365,6 +367,8 @@ static nvmlReturn_t procs(nvmlDevice_t d, unsigned int *count, void *infos, int 
     NV_DEVICE(d, i);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (g_ncfg.nvml_fail == 2)
+        return NVML_ERROR_UNKNOWN;
     fake_prune_dead(g_nst);
     unsigned n = 0, cap = *count;
     for (int k = 0; k < FAKE_MAX_PROC; k++) {

@@ -79,6 +79,7 @@ void fake_config_load(struct fake_config *c)
     }
     c->granule = env_num("FAKE_GPU_GRANULE", 2 * FAKE_MIB, 1, 1, 1ULL << 40);
     c->ctx_bytes = env_num("FAKE_CTX_BYTES", 300 * FAKE_MIB, 1, 0, 1ULL << 50);
+    c->ctx_create_ms = env_num("FAKE_CTX_CREATE_MS", 0, 0, 0, 60000);
     c->cuda_version = (int)env_num("FAKE_CUDA_VERSION", 12080, 0, 1000, 999999);
     c->ns_per_block = env_num("FAKE_NS_PER_BLOCK", 1000, 0, 0, 1ULL << 32);
     c->graph_blocks = env_num("FAKE_GRAPH_BLOCKS", 1000, 0, 0, 1ULL << 32);
@@ -92,6 +93,16 @@ void fake_config_load(struct fake_config *c)
             fprintf(stderr, "fake-driver: ignoring FAKE_NVML_PID_OFFSET=%s; using 0\n", off);
         else
             c->pid_offset = v;
+    }
+
+    const char *fail = getenv("FAKE_NVML_FAIL");
+    if (fail && *fail) {
+        if (strcmp(fail, "init") == 0)
+            c->nvml_fail = 1;
+        else if (strcmp(fail, "procs") == 0)
+            c->nvml_fail = 2;
+        else
+            fprintf(stderr, "fake-driver: ignoring FAKE_NVML_FAIL=%s (want init or procs)\n", fail);
     }
 
     const char *path = getenv("FAKE_GPU_STATE");

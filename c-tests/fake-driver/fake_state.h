@@ -26,10 +26,12 @@ struct fake_config {
     unsigned long long mem_total[FAKE_MAX_DEV]; /* FAKE_GPU_MEM_MB[_i], in bytes */
     unsigned long long granule;            /* FAKE_GPU_GRANULE */
     unsigned long long ctx_bytes;          /* FAKE_CTX_BYTES */
+    unsigned long long ctx_create_ms;      /* FAKE_CTX_CREATE_MS */
     int cuda_version;                      /* FAKE_CUDA_VERSION */
     unsigned long long ns_per_block;       /* FAKE_NS_PER_BLOCK */
     unsigned long long graph_blocks;       /* FAKE_GRAPH_BLOCKS */
     long long pid_offset;                  /* FAKE_NVML_PID_OFFSET */
+    int nvml_fail;                         /* FAKE_NVML_FAIL: 0 no, 1 init, 2 process lists */
     char state_path[4096];                 /* FAKE_GPU_STATE */
 };
 

@@ -1080,6 +1080,19 @@ static void test_nvml_procs(void)
         found += infos[i].pid == me;
     check(found == (mine(1) > 0), "on device 1 we are listed iff we use it (%d)", found);
     CU(CUDA_SUCCESS, cuMemFree_v2(p));
+
+    setenv("FAKE_NVML_FAIL", "procs", 1);
+    NV(NVML_SUCCESS, nvmlInit_v2()); /* re-reads the environment */
+    cnt = 16;
+    NV(NVML_ERROR_UNKNOWN, nvmlDeviceGetComputeRunningProcesses_v3(g_nd0, &cnt, infos));
+    setenv("FAKE_NVML_FAIL", "init", 1);
+    NV(NVML_ERROR_DRIVER_NOT_LOADED, nvmlInit_v2());
+    unsetenv("FAKE_NVML_FAIL");
+    NV(NVML_SUCCESS, nvmlInit_v2());
+    cnt = 16;
+    NV(NVML_SUCCESS, nvmlDeviceGetComputeRunningProcesses_v3(g_nd0, &cnt, infos));
+    NV(NVML_SUCCESS, nvmlShutdown());
+    NV(NVML_SUCCESS, nvmlShutdown());
 }
 
 static void test_utilization(void)
@@ -1445,12 +1458,16 @@ static void knobs_small(void)
     setenv("FAKE_NS_PER_BLOCK", "10", 1);
     setenv("FAKE_CUDA_VERSION", "11080", 1);
     setenv("FAKE_GRAPH_BLOCKS", "5", 1);
+    setenv("FAKE_CTX_CREATE_MS", "50", 1);
     CU(CUDA_SUCCESS, cuDriverGetVersion(&v));
     EQ(11080, v, "FAKE_CUDA_VERSION=11080 before cuInit");
     CU(CUDA_SUCCESS, cuInit(0));
     CU(CUDA_SUCCESS, cuDriverGetVersion(&v));
     EQ(11080, v, "FAKE_CUDA_VERSION=11080");
+    uint64_t t0 = now_ns();
     CU(CUDA_SUCCESS, cuDevicePrimaryCtxRetain(&c, 0));
+    double took = ms_since(t0);
+    check(took >= 50, "FAKE_CTX_CREATE_MS=50: the retain took %.1f ms", took);
     CU(CUDA_SUCCESS, cuCtxSetCurrent(c));
     EQ(0, mine(0), "FAKE_CTX_BYTES=0: a free context");
     CU(CUDA_SUCCESS, cuMemAlloc_v2(&p, 1));

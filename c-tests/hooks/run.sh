@@ -51,6 +51,8 @@ t multi 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g HK_PROCS=8 FAKE_CTX_BYTES=32
 t sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_sigkill"
 t devices 120 FAKE_CUDA_DEVICES=2 CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g FAKE_CTX_BYTES=64m -- "$build/t_devices"
 t config 120 -- bash "$here/config.sh" "$build"
+t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"
+t hostpid 120 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
 if command -v python3 >/dev/null; then
     t ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- python3 "$here/t_ctypes.py"
 else

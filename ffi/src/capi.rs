@@ -548,12 +548,13 @@ fn record(pid: i32, dev: c_int, usage: usize, kind: c_int, add: bool) -> c_int {
         let Some(slot) = rt.region.procs.get(i) else {
             return -1;
         };
-        let ((), took_over) = seqlock::write(slot, |s| seqlock::add(s, d, k, bytes));
+        let ((), took_over) =
+            rt.as_slot_writer(|| seqlock::write(slot, |s| seqlock::add(s, d, k, bytes)));
         if took_over {
             rt.platform.report(Problem::StuckSeqlock { slot: i });
         }
     } else {
-        admission::release(rt.region, &rt.platform, i, d, k, bytes);
+        rt.as_slot_writer(|| admission::release(rt.region, &rt.platform, i, d, k, bytes));
     }
     0
 }
@@ -784,16 +785,27 @@ pub extern "C" fn set_host_pid(hostpid: c_int) -> c_int {
             return -1;
         };
         slot.hostpid.store(hostpid, Ordering::Release);
-        for m in &slot.monitorused {
-            m.store(0, Ordering::Relaxed);
-        }
-        HOST_PID_FOUND.store(hostpid != 0, Ordering::Relaxed);
-        log_info!("host pid of this process: {hostpid}");
-        if let Some(setspec) = SETSPEC.get() {
-            let _ = setspec();
-        }
+        host_pid_recorded(slot, hostpid);
         0
     })
+}
+
+/// After `hostpid` was written into our `slot` (by `set_host_pid` or the hooks' discovery):
+/// zeroes the slot's NVML-reported usage, notes it for [`host_pid_found`] and calls `setspec`.
+pub(crate) fn host_pid_recorded(slot: &SharedProcSlot, hostpid: i32) {
+    for m in &slot.monitorused {
+        m.store(0, Ordering::Relaxed);
+    }
+    HOST_PID_FOUND.store(hostpid != 0, Ordering::Relaxed);
+    log_info!("host pid of this process: {hostpid}");
+    if let Some(setspec) = SETSPEC.get() {
+        let _ = setspec();
+    }
+}
+
+/// In a forked child (atomics only): the child's host pid is not known yet.
+pub(crate) fn forget_host_pid() {
+    HOST_PID_FOUND.store(false, Ordering::Relaxed);
 }
 
 /// Notes whether this process's slot carries a host pid (upstream's `pidfound`, readable from
@@ -1232,7 +1244,7 @@ pub extern "C" fn hami_release(dev: c_int, bytes: usize, kind: c_int) -> c_int {
         let Some(i) = own_index(rt) else {
             return HAMI_ERROR;
         };
-        admission::release(rt.region, &rt.platform, i, d, k, bytes as u64);
+        rt.as_slot_writer(|| admission::release(rt.region, &rt.platform, i, d, k, bytes as u64));
         HAMI_OK
     })
 }

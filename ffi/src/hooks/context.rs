@@ -9,11 +9,10 @@
 //! 1. reserves an *estimate* first (admission before creation; refused → `CUDA_ERROR_OUT_OF_MEMORY`
 //!    and no context): the last cost measured on that device in this process, else
 //!    `HAMI_CONTEXT_SIZE` (a size such as `512m`), else 256 MiB;
-//! 2. creates the context, then **measures** its cost: this process's usage of the device in
-//!    NVML's process list after minus before. The process is found by its pid, by the host pid
-//!    in its slot, or, for the first context of a process in another pid namespace, as the one
-//!    process that appeared in the list (that pid is then remembered). If it cannot be
-//!    measured, the estimate stands;
+//! 2. creates the context; the process's first one also finds its host pid ([`host_pid`]).
+//!    Then it **measures** the context's cost: this process's usage of the device in NVML's
+//!    process list after minus before, found by the host pid (discovered, or set in its slot by
+//!    HAMi's monitor), else by its own pid. If it cannot be measured, the estimate stands;
 //! 3. moves the reservation to the measured cost. If the larger cost no longer fits, the
 //!    context is destroyed again and the call returns `CUDA_ERROR_OUT_OF_MEMORY`, so the real
 //!    usage stays within the limit.
@@ -24,7 +23,7 @@
 //! context is re-created on next use.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hami_shm::layout::ABI_DEVS;
 use hami_shm::platform::Platform;
@@ -34,6 +33,7 @@ use crate::log::{log_debug, log_error};
 use crate::runtime::Runtime;
 
 use super::devices;
+use super::host_pid::{self, processes, usage_of, NewContext, Proc};
 use super::table::{self, Key, Record};
 use super::types::*;
 use super::{active, adjust, guard, real, refused};
@@ -45,14 +45,6 @@ pub const CONTEXT_SIZE_VAR: &str = "HAMI_CONTEXT_SIZE";
 
 /// The last measured context cost per region device (0 = none yet).
 static LAST_COST: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
-/// The pid NVML reports for this process, once known (0 = unknown).
-static NVML_PID: AtomicU32 = AtomicU32::new(0);
-
-/// In a forked child (atomics only): the child has its own pid in NVML's list.
-pub(crate) fn after_fork() {
-    NVML_PID.store(0, Ordering::Relaxed);
-}
-
 fn configured_estimate() -> u64 {
     static CACHE: AtomicU64 = AtomicU64::new(0);
     let c = CACHE.load(Ordering::Relaxed);
@@ -84,97 +76,24 @@ fn estimate(dev: usize) -> u64 {
     }
 }
 
-/// NVML's process list for region device `dev`: `(pid, used bytes)`.
-fn processes(dev: usize) -> Option<Vec<(u32, u64)>> {
-    let h = devices::nvml_handle(dev)?;
-    let v2 = real::nvmlDeviceGetComputeRunningProcesses_v3
-        .get()
-        .or_else(|| real::nvmlDeviceGetComputeRunningProcesses_v2.get());
-    let mut cap = 64u32;
-    for _ in 0..4 {
-        let mut n = cap;
-        let r;
-        let out: Vec<(u32, u64)>;
-        if let Some(f) = v2 {
-            let mut buf = vec![NvmlProcessInfo::default(); cap as usize];
-            // SAFETY: the real query writes at most `n` entries into our buffer of `cap`.
-            r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
-            out = buf
-                .iter()
-                .take(n.min(cap) as usize)
-                .map(|p| (p.pid, p.used_gpu_memory))
-                .collect();
-        } else {
-            let f = real::nvmlDeviceGetComputeRunningProcesses.get()?;
-            let mut buf = vec![NvmlProcessInfoV1::default(); cap as usize];
-            // SAFETY: as above, with the v1 entry layout.
-            r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
-            out = buf
-                .iter()
-                .take(n.min(cap) as usize)
-                .map(|p| (p.pid, p.used_gpu_memory))
-                .collect();
-        }
-        if r == NvmlReturn::INSUFFICIENT_SIZE {
-            cap = n.max(cap.saturating_mul(2)).min(1 << 16);
-            continue;
-        }
-        return r.ok().then_some(out);
-    }
-    None
+/// The pid NVML reports for this process: the host pid, discovered or set in its slot by HAMi's
+/// monitor; else its own pid (right in the driver's pid namespace).
+fn my_pid(rt: &Runtime) -> u32 {
+    host_pid::known()
+        .or_else(|| {
+            let slot = rt.own_slot().and_then(|s| rt.region.procs.get(s))?;
+            let h = slot.hostpid.load(Ordering::Acquire);
+            (h > 0).then_some(h as u32)
+        })
+        .unwrap_or_else(|| rt.platform.self_id().pid() as u32)
 }
 
-/// Pids that may be this process in NVML's list: a remembered one, the host pid in our slot,
-/// our own pid.
-fn my_pids(rt: &Runtime) -> [u32; 3] {
-    let host = rt
-        .own_slot()
-        .and_then(|s| rt.region.procs.get(s))
-        .map_or(0, |s| s.hostpid.load(Ordering::Relaxed) as u32);
-    let me = rt.platform.self_id().pid() as u32;
-    [NVML_PID.load(Ordering::Relaxed), host, me]
-}
-
-fn usage_of(list: &[(u32, u64)], pid: u32) -> Option<u64> {
-    if pid == 0 {
-        return None;
-    }
-    list.iter()
-        .find(|(p, _)| *p == pid)
-        .map(|&(_, u)| u)
-        .filter(|&u| u != u64::MAX)
-}
-
-/// The context's cost: our NVML usage of `dev` after creation minus `before`.
-fn measure(rt: &Runtime, dev: usize, before: Option<&[(u32, u64)]>, first: bool) -> Option<u64> {
-    let after = processes(dev)?;
-    for pid in my_pids(rt) {
-        if let Some(u) = usage_of(&after, pid) {
-            let b = before.and_then(|l| usage_of(l, pid)).unwrap_or(0);
-            return Some(u.saturating_sub(b));
-        }
-    }
-    // Another pid namespace and no host pid known: the one process that appeared is us, if this
-    // is the process's first context (otherwise our pid was already listed before).
-    let before = before?;
-    if !first {
-        return None;
-    }
-    let mut new = after
-        .iter()
-        .filter(|(p, _)| !before.iter().any(|(q, _)| q == p));
-    let (pid, used) = *new.next()?;
-    if new.next().is_some() || used == u64::MAX {
-        return None;
-    }
-    NVML_PID.store(pid, Ordering::Relaxed);
-    Some(used)
-}
-
-/// Whether this process has no context of its own recorded yet.
-fn first_context() -> bool {
-    NVML_PID.load(Ordering::Relaxed) == 0
-        && LAST_COST.iter().all(|c| c.load(Ordering::Relaxed) == 0)
+/// The context's cost: our usage in NVML's list `after` its creation minus `before`.
+fn measure(rt: &Runtime, before: Option<&[Proc]>, after: &[Proc]) -> Option<u64> {
+    let pid = my_pid(rt);
+    let u = usage_of(after, pid)?;
+    let b = before.and_then(|l| usage_of(l, pid)).unwrap_or(0);
+    Some(u.saturating_sub(b))
 }
 
 /// Creates a context with admission and measurement (module docs). `create` makes it; `undo`
@@ -182,22 +101,28 @@ fn first_context() -> bool {
 fn create_counted(
     rt: &Runtime,
     what: &str,
-    dev: usize,
+    (dev, ordinal): (usize, CUdevice),
     create: impl FnOnce() -> CUresult,
+    made: impl FnOnce() -> CUcontext,
     undo: impl FnOnce(),
 ) -> (CUresult, u64) {
     let est = estimate(dev);
     if let Err(oom) = super::memory::reserve(rt, dev, Kind::Context, est) {
         return (refused(what, dev, est, oom), 0);
     }
-    let first = first_context();
     let before = processes(dev);
     let r = create();
     if !r.ok() {
         rt.release(dev, Kind::Context, est);
         return (r, 0);
     }
-    let cost = match measure(rt, dev, before.as_deref(), first) {
+    let new = NewContext {
+        dev,
+        ordinal,
+        ctx: made(),
+    };
+    let after = host_pid::discover(rt, &new, before.as_deref()).or_else(|| processes(dev));
+    let cost = match after.and_then(|a| measure(rt, before.as_deref(), &a)) {
         Some(c) if c > 0 => {
             if let Some(slot) = LAST_COST.get(dev) {
                 slot.store(c, Ordering::Relaxed);
@@ -246,9 +171,11 @@ fn ctx_create(
     let Some(dev) = devices::region_index(a.rt, ordinal) else {
         return create();
     };
-    let (r, cost) = create_counted(a.rt, what, dev, create, || {
-        // SAFETY: the driver succeeded, so `*pctx` holds the new context.
-        destroy_ctx(unsafe { *pctx })
+    // SAFETY (both closures): they run only after the driver succeeded, so `*pctx` holds the
+    // new context.
+    let made = || unsafe { *pctx };
+    let (r, cost) = create_counted(a.rt, what, (dev, ordinal), create, made, || {
+        destroy_ctx(made())
     });
     if r.ok() {
         // SAFETY: as above.
@@ -422,15 +349,24 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             }
             return r;
         }
-        let (r, cost) = create_counted(a.rt, "cuDevicePrimaryCtxRetain", idx, call, || {
-            if let Some(rel) = real::cuDevicePrimaryCtxRelease_v2
-                .get()
-                .or_else(|| real::cuDevicePrimaryCtxRelease.get())
-            {
-                // SAFETY: dropping the retain the driver just granted.
-                let _ = unsafe { rel(dev) };
-            }
-        });
+        // SAFETY: runs only after the driver succeeded, so `*pctx` holds the primary context.
+        let made = || unsafe { *pctx };
+        let (r, cost) = create_counted(
+            a.rt,
+            "cuDevicePrimaryCtxRetain",
+            (idx, dev),
+            call,
+            made,
+            || {
+                if let Some(rel) = real::cuDevicePrimaryCtxRelease_v2
+                    .get()
+                    .or_else(|| real::cuDevicePrimaryCtxRelease.get())
+                {
+                    // SAFETY: dropping the retain the driver just granted.
+                    let _ = unsafe { rel(dev) };
+                }
+            },
+        );
         if r.ok() {
             // SAFETY: the driver succeeded, so `*pctx` holds the primary context.
             let ctx = unsafe { *pctx } as usize;

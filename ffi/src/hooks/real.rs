@@ -225,6 +225,8 @@ real_fns! { CUDA;
     cuDeviceGetUuid_v2(*mut CUuuid, CUdevice) -> CUresult;
     cuCtxGetDevice(*mut CUdevice) -> CUresult;
     cuCtxGetCurrent(*mut CUcontext) -> CUresult;
+    cuCtxPushCurrent_v2(CUcontext) -> CUresult;
+    cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;
     cuMemGetAllocationGranularity(SizeP, *const CUmemAllocationProp, c_int) -> CUresult;
     cuArrayGetMemoryRequirements(*mut CudaArrayMemoryRequirements, CUarray, CUdevice) -> CUresult;
     cuMipmappedArrayGetMemoryRequirements(*mut CudaArrayMemoryRequirements, CUmipmappedArray, CUdevice) -> CUresult;

@@ -272,7 +272,7 @@ extern "C" fn after_fork_parent() {
 }
 
 extern "C" fn after_fork_child() {
-    super::context::after_fork();
+    super::host_pid::after_fork();
     super::devices::after_fork();
     // SAFETY: the child has one thread and `before_fork` took the pools' lock, so nothing else
     // can reference the map. `clear` keeps the capacity and does not allocate.
