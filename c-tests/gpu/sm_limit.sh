@@ -27,7 +27,7 @@ measure() {
     local name=$1 procs=$2 preload=$3 limit=$4
     local region=$work/$name.region t0 i
     rm -f "$region"
-    t0=$(($(date +%s) + 12))  # torch start-up of all processes fits in 12 s
+    t0=$(($(date +%s) + ${SM_START:-10}))  # torch start-up of all processes fits in 10 s
     for i in $(seq 1 "$procs"); do
         if [ "$preload" = 1 ]; then
             env LD_PRELOAD="$vgpu" CUDA_DEVICE_MEMORY_SHARED_CACHE="$region" \

@@ -103,12 +103,21 @@ pub const GAIN: f64 = 0.2;
 /// so each step corrects only [`GAIN`] of the ratio it sees: a controller that moves half-way
 /// per 200 ms step overshoots a lagging measurement and oscillates around the target (the
 /// `lagging_gpu` test shows it).
+///
+/// After [`IDLE_STEPS_TO_RECALIBRATE`] steps without a launch the controller starts over
+/// uncalibrated: a program's start-up launches (a few small kernels, then a pause) would otherwise
+/// calibrate the rate far below what its real work needs, and the small gain would take many
+/// seconds to climb back.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Controller {
     /// Target utilisation in percent.
     pub target: f64,
     rate: f64,
+    idle_steps: u32,
 }
+
+/// Steps without any launch after which the controller recalibrates (1 s at 200 ms a step).
+pub const IDLE_STEPS_TO_RECALIBRATE: u32 = 5;
 
 impl Controller {
     /// A controller aiming at `target_percent`, not yet calibrated.
@@ -116,6 +125,7 @@ impl Controller {
         Controller {
             target: target_percent.clamp(1, 100) as f64,
             rate: 0.0,
+            idle_steps: 0,
         }
     }
 
@@ -131,6 +141,14 @@ impl Controller {
     /// The next refill rate (tokens per second) after `s`; 0 while nothing has run yet.
     pub fn step(&mut self, s: Sample) -> u64 {
         let util = s.util.clamp(0.0, 100.0);
+        if s.consumed == 0 {
+            self.idle_steps = self.idle_steps.saturating_add(1);
+            if self.idle_steps >= IDLE_STEPS_TO_RECALIBRATE {
+                self.rate = 0.0;
+            }
+        } else {
+            self.idle_steps = 0;
+        }
         if self.rate == 0.0 {
             if s.consumed == 0 || s.period_ns == 0 {
                 return 0;
@@ -172,12 +190,13 @@ mod tests {
 
     impl SimGpu {
         fn run(&mut self, rate: u64, period_s: f64) -> Sample {
-            let admitted = if rate == 0 {
-                self.demand
+            // The program synchronises, so it cannot launch ahead of the GPU.
+            let wanted = self.demand.min(self.capacity);
+            let done = if rate == 0 {
+                wanted
             } else {
-                self.demand.min(rate as f64)
+                wanted.min(rate as f64)
             };
-            let done = admitted.min(self.capacity);
             self.seed = self
                 .seed
                 .wrapping_mul(6364136223846793005)
@@ -188,9 +207,9 @@ mod tests {
             let seen = self.reported.len().saturating_sub(1 + self.lag);
             Sample {
                 util: self.reported[seen],
-                consumed: (admitted * period_s) as u64,
+                consumed: (done * period_s) as u64,
                 period_ns: (period_s * 1e9) as u64,
-                starved: rate != 0 && self.demand > rate as f64,
+                starved: rate != 0 && wanted > rate as f64,
             }
         }
     }
@@ -247,6 +266,40 @@ mod tests {
                     "target {target}, lag {lag}: settled at {util:.1}"
                 );
             }
+        }
+    }
+
+    /// A program that launches a few small kernels at start-up, pauses for 2 s (loading data,
+    /// waiting for its peers), then runs compute-bound: the work settles at the target within
+    /// 4 s of starting. Without the recalibration after idling, the rate calibrated on the
+    /// start-up launches is 1/100 of what the work needs, and the work runs far below its share.
+    #[test]
+    fn startup_launches_do_not_miscalibrate_the_real_work() {
+        for target in [25, 50, 75] {
+            let mut gpu = SimGpu {
+                capacity: 1e6,
+                demand: 1e4,
+                seed: target,
+                lag: 2,
+                reported: Vec::new(),
+            };
+            let mut c = Controller::new(target);
+            let mut rate = c.step(gpu.run(0, 0.2));
+            gpu.demand = 0.0;
+            for _ in 0..10 {
+                rate = c.step(gpu.run(rate, 0.2));
+            }
+            gpu.demand = 5e6;
+            let start = gpu.reported.len();
+            for _ in 0..40 {
+                rate = c.step(gpu.run(rate, 0.2));
+            }
+            let settled = &gpu.reported[start + 20..];
+            let util = settled.iter().sum::<f64>() / settled.len() as f64;
+            assert!(
+                (util - target as f64).abs() <= 3.0,
+                "target {target}: the work settled at {util:.1}"
+            );
         }
     }
 

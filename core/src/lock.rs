@@ -52,7 +52,9 @@ impl Default for LockConfig {
         LockConfig {
             deadline_ns: 5_000_000_000,
             orphan_grace_ns: 1_000_000_000,
-            max_backoff_ns: 2_000_000,
+            // Waiters poll (see `acquire`); critical sections take microseconds, so a short
+            // ceiling hands the lock on quickly when many processes start at once.
+            max_backoff_ns: 200_000,
         }
     }
 }

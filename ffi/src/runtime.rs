@@ -57,6 +57,11 @@ pub struct Runtime {
     last_reap_ns: AtomicU64,
     /// Serialises this process's threads around the owner lock (record locks are per process).
     lock_serial: Mutex<()>,
+    /// Serialises this process's writers of slot counters: a slot's seqlock admits one writer,
+    /// and a sibling thread preempted mid-write must be waited for (asleep), not spun on until
+    /// it is taken over as if its process had died. An atomic flag rather than a mutex so that
+    /// a forked child, which inherits it as it was, can clear it.
+    slot_writer_busy: AtomicBool,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -227,6 +232,7 @@ impl Runtime {
             forked: AtomicBool::new(false),
             last_reap_ns: AtomicU64::new(0),
             lock_serial: Mutex::new(()),
+            slot_writer_busy: AtomicBool::new(false),
         }
     }
 
@@ -249,6 +255,8 @@ impl Runtime {
     pub(crate) fn mark_forked(&self) {
         self.slot.store(NO_SLOT, Ordering::Relaxed);
         self.forked.store(true, Ordering::Relaxed);
+        // A thread that was writing at the fork does not exist in the child.
+        self.slot_writer_busy.store(false, Ordering::Relaxed);
     }
 
     /// Our slot, re-validated: the cached index if it still holds our pid (one relaxed load),
@@ -314,13 +322,18 @@ impl Runtime {
         let Some(slot) = self.own_slot() else {
             return Err(OutOfMemory { used: 0, limit: 0 });
         };
-        match admission::try_reserve(self.region, &self.platform, slot, dev, kind, bytes) {
+        let attempt = || {
+            self.as_slot_writer(|| {
+                admission::try_reserve(self.region, &self.platform, slot, dev, kind, bytes)
+            })
+        };
+        match attempt() {
             Ok(()) => Ok(()),
             Err(oom) => {
                 if !self.reap_due() || self.reap_now() == 0 {
                     return Err(oom);
                 }
-                admission::try_reserve(self.region, &self.platform, slot, dev, kind, bytes)
+                attempt()
             }
         }
     }
@@ -328,8 +341,36 @@ impl Runtime {
     /// Returns `bytes` on region device `dev`.
     pub fn release(&self, dev: usize, kind: Kind, bytes: u64) {
         if let Some(slot) = self.own_slot() {
-            admission::release(self.region, &self.platform, slot, dev, kind, bytes);
+            self.as_slot_writer(|| {
+                admission::release(self.region, &self.platform, slot, dev, kind, bytes)
+            });
         }
+    }
+
+    /// Runs `f`, which writes slot counters, as this process's one slot writer. Waiters spin
+    /// briefly (writes take nanoseconds), then yield the CPU.
+    pub fn as_slot_writer<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut spins = 0u32;
+        while self
+            .slot_writer_busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _done = Done(&self.slot_writer_busy);
+        f()
     }
 
     /// Usage of region device `dev` by every live process.

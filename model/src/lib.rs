@@ -679,8 +679,11 @@ impl<const S: usize, const D: usize> Platform for SimProc<S, D> {
     fn sem_post(&self, sem: &RawSem) {
         self.crash_point();
         let (cell, i) = self.sem_of(sem);
-        let prev = cell.fetch_add(1, Ordering::AcqRel);
+        // The mirror goes up before the semaphore (and, in `try_sem_wait`, down after it), so
+        // on real threads it never reads below the semaphore: a taker's check cannot see a
+        // post that is still in flight as a negative value.
         self.sim.world.sem_mirror[i].fetch_add(1, Plain::Relaxed);
+        let prev = cell.fetch_add(1, Ordering::AcqRel);
         if prev >= 1 {
             self.sim.world.sem_overflows.fetch_add(1, Plain::Relaxed);
             panic!(
