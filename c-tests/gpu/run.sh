@@ -107,6 +107,21 @@ if [ -x "$bin/t_limit" ]; then
         rows+=("$(printf '%-22s %-5s %s' c-visible-devices SKIP "needs 2 GPUs ($ngpu here)")")
     fi
 fi
+if [ -x "$bin/demo" ] || timeout 60 make -s -C "$root/c-tests/hooks" demo BUILD="$bin" \
+    CUDA_LIBS="-L$work/lib -Wl,--no-as-needed -l:libcuda.so.1 -l:libnvidia-ml.so.1" >>"$work/build.log" 2>&1; then
+    # Not under step(): nvidia-smi must see the real process list, outside our hooks.
+    log=$work/hostpid.log
+    echo "=== hostpid-ns"
+    timeout -k 5 150 bash "$here/hostpid.sh" "$bin" "$vgpu" >"$log" 2>&1
+    cat "$log"
+    if grep -q '^SKIP' "$log"; then
+        rows+=("$(printf '%-22s %-5s %s' hostpid-16-in-pidns SKIP "$(sed -n 's/^SKIP \[hostpid\] //p' "$log")")")
+    elif grep -q '^PASS' "$log"; then
+        row hostpid-16-in-pidns PASS "$(grep -o '[0-9]* of [0-9]* ready in [0-9]* ms; found: .*' "$log" | head -1)"
+    else
+        row hostpid-16-in-pidns FAIL "$(grep '^FAIL' "$log" | head -1)"
+    fi
+fi
 if command -v python3 >/dev/null; then
     step ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=4g HK_LIMIT=4g -- python3 "$root/c-tests/hooks/t_ctypes.py"
     row python-ctypes "$verdict" "$detail"
