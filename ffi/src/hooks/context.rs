@@ -197,37 +197,27 @@ fn ctx_create(
     r
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuCtxCreate_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: forwarding the caller's arguments unchanged.
-        ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
-    })
+macro_rules! ctx_create_v1v2 {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            pctx: *mut CUcontext,
+            flags: c_uint,
+            dev: CUdevice,
+        ) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(f) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                // SAFETY: forwarding the caller's arguments unchanged.
+                ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
+            })
+        }
+    };
 }
-
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate(
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuCtxCreate.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: forwarding the caller's arguments unchanged.
-        ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
-    })
-}
+ctx_create_v1v2!(cuCtxCreate_v2);
+ctx_create_v1v2!(cuCtxCreate);
 
 /// cbindgen:ignore
 #[no_mangle]
@@ -280,37 +270,27 @@ fn ctx_destroyed(ctx: CUcontext) {
     release_owned(a.rt, ctx);
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuCtxDestroy_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: forwarding the caller's argument unchanged.
-        let r = unsafe { f(ctx) };
-        if r.ok() {
-            ctx_destroyed(ctx);
+macro_rules! ctx_destroy {
+    ($name:ident) => {
+        /// cbindgen:ignore
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(ctx: CUcontext) -> CUresult {
+            guard(CUresult::UNKNOWN, || {
+                let Some(f) = real::$name.require() else {
+                    return CUresult::NOT_FOUND;
+                };
+                // SAFETY: forwarding the caller's argument unchanged.
+                let r = unsafe { f(ctx) };
+                if r.ok() {
+                    ctx_destroyed(ctx);
+                }
+                r
+            })
         }
-        r
-    })
+    };
 }
-
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuCtxDestroy.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: forwarding the caller's argument unchanged.
-        let r = unsafe { f(ctx) };
-        if r.ok() {
-            ctx_destroyed(ctx);
-        }
-        r
-    })
-}
+ctx_destroy!(cuCtxDestroy_v2);
+ctx_destroy!(cuCtxDestroy);
 
 /// cbindgen:ignore
 #[no_mangle]

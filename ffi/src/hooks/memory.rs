@@ -946,6 +946,71 @@ fn destroy_array(h: *mut c_void) {
     }
 }
 
+/// The array descriptors of `cuArrayCreate*` and `cuArray3DCreate*`: what an array of them
+/// needs as bytes, before the driver says better.
+trait ArrayDescriptor {
+    fn estimate(&self) -> u64;
+}
+
+impl ArrayDescriptor for CudaArrayDescriptor {
+    fn estimate(&self) -> u64 {
+        let (w, h) = (self.width as u64, self.height as u64);
+        array_bytes(w, h, 1, u64::from(self.num_channels), self.format)
+    }
+}
+
+impl ArrayDescriptor for CudaArrayDescriptorV1 {
+    fn estimate(&self) -> u64 {
+        let (w, h) = (u64::from(self.width), u64::from(self.height));
+        array_bytes(w, h, 1, u64::from(self.num_channels), self.format)
+    }
+}
+
+impl ArrayDescriptor for CudaArray3dDescriptor {
+    fn estimate(&self) -> u64 {
+        let (w, h, d) = (self.width as u64, self.height as u64, self.depth as u64);
+        array_bytes(w, h, d, u64::from(self.num_channels), self.format)
+    }
+}
+
+impl ArrayDescriptor for CudaArray3dDescriptorV1 {
+    fn estimate(&self) -> u64 {
+        let (w, h) = (u64::from(self.width), u64::from(self.height));
+        array_bytes(
+            w,
+            h,
+            u64::from(self.depth),
+            u64::from(self.num_channels),
+            self.format,
+        )
+    }
+}
+
+/// One array creation through the real `create`, with admission (see [`array_alloc`]).
+fn create_array<D: ArrayDescriptor>(
+    what: &str,
+    create: Option<unsafe extern "C" fn(*mut CUarray, *const D) -> CUresult>,
+    handle: *mut CUarray,
+    desc: *const D,
+) -> CUresult {
+    let Some(f) = create else {
+        return CUresult::NOT_FOUND;
+    };
+    // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
+    let est = unsafe { desc.as_ref() }.map_or(0, ArrayDescriptor::estimate);
+    array_alloc(
+        what,
+        ArrayKind::Array,
+        est,
+        !handle.is_null() && !desc.is_null(),
+        // SAFETY: forwarding the caller's arguments unchanged.
+        || unsafe { f(handle, desc) },
+        // SAFETY: the driver succeeded and wrote `*handle`.
+        || unsafe { *handle },
+        destroy_array,
+    )
+}
+
 /// cbindgen:ignore
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayCreate_v2(
@@ -953,29 +1018,11 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     desc: *const CudaArrayDescriptor,
 ) -> CUresult {
     guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuArrayCreate_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
-        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
-            array_bytes(
-                d.width as u64,
-                d.height as u64,
-                1,
-                u64::from(d.num_channels),
-                d.format,
-            )
-        });
-        array_alloc(
+        create_array(
             "cuArrayCreate",
-            ArrayKind::Array,
-            est,
-            !handle.is_null() && !desc.is_null(),
-            // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(handle, desc) },
-            // SAFETY: the driver succeeded and wrote `*handle`.
-            || unsafe { *handle },
-            destroy_array,
+            real::cuArrayCreate_v2.require(),
+            handle,
+            desc,
         )
     })
 }
@@ -987,30 +1034,7 @@ pub unsafe extern "C" fn cuArrayCreate(
     desc: *const CudaArrayDescriptorV1,
 ) -> CUresult {
     guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuArrayCreate.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
-        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
-            array_bytes(
-                u64::from(d.width),
-                u64::from(d.height),
-                1,
-                u64::from(d.num_channels),
-                d.format,
-            )
-        });
-        array_alloc(
-            "cuArrayCreate",
-            ArrayKind::Array,
-            est,
-            !handle.is_null() && !desc.is_null(),
-            // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(handle, desc) },
-            // SAFETY: the driver succeeded and wrote `*handle`.
-            || unsafe { *handle },
-            destroy_array,
-        )
+        create_array("cuArrayCreate", real::cuArrayCreate.require(), handle, desc)
     })
 }
 
@@ -1021,29 +1045,11 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     desc: *const CudaArray3dDescriptor,
 ) -> CUresult {
     guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuArray3DCreate_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
-        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
-            array_bytes(
-                d.width as u64,
-                d.height as u64,
-                d.depth as u64,
-                u64::from(d.num_channels),
-                d.format,
-            )
-        });
-        array_alloc(
+        create_array(
             "cuArray3DCreate",
-            ArrayKind::Array,
-            est,
-            !handle.is_null() && !desc.is_null(),
-            // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(handle, desc) },
-            // SAFETY: the driver succeeded and wrote `*handle`.
-            || unsafe { *handle },
-            destroy_array,
+            real::cuArray3DCreate_v2.require(),
+            handle,
+            desc,
         )
     })
 }
@@ -1055,29 +1061,11 @@ pub unsafe extern "C" fn cuArray3DCreate(
     desc: *const CudaArray3dDescriptorV1,
 ) -> CUresult {
     guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuArray3DCreate.require() else {
-            return CUresult::NOT_FOUND;
-        };
-        // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
-        let est = unsafe { desc.as_ref() }.map_or(0, |d| {
-            array_bytes(
-                u64::from(d.width),
-                u64::from(d.height),
-                u64::from(d.depth),
-                u64::from(d.num_channels),
-                d.format,
-            )
-        });
-        array_alloc(
+        create_array(
             "cuArray3DCreate",
-            ArrayKind::Array,
-            est,
-            !handle.is_null() && !desc.is_null(),
-            // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(handle, desc) },
-            // SAFETY: the driver succeeded and wrote `*handle`.
-            || unsafe { *handle },
-            destroy_array,
+            real::cuArray3DCreate.require(),
+            handle,
+            desc,
         )
     })
 }

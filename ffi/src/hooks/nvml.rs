@@ -36,6 +36,33 @@ fn view(rt: &Runtime, dev: usize, real_total: u64) -> Option<(u64, u64)> {
     Some((limit.min(real_total), rt.usage(dev)))
 }
 
+/// Calls the real memory query `call` for `device`, then, if it filled `*memory` and the device
+/// is limited, lets `adjust` rewrite it from the limited view `(total, used)`.
+fn memory_info<M>(
+    device: NvmlDevice,
+    memory: *mut M,
+    call: impl FnOnce() -> NvmlReturn,
+    total_of: impl FnOnce(&M) -> u64,
+    adjust: impl FnOnce(&mut M, u64, u64),
+) -> NvmlReturn {
+    let r = call();
+    if !r.ok() || memory.is_null() {
+        return r;
+    }
+    let Some(a) = active() else {
+        return r;
+    };
+    let Some(dev) = region_of(device) else {
+        return r;
+    };
+    // SAFETY: non-null, and the driver just filled it.
+    let m = unsafe { &mut *memory };
+    if let Some((total, used)) = view(a.rt, dev, total_of(m)) {
+        adjust(m, total, used);
+    }
+    r
+}
+
 /// cbindgen:ignore
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
@@ -46,25 +73,18 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         let Some(f) = real::nvmlDeviceGetMemoryInfo.require() else {
             return NvmlReturn::FUNCTION_NOT_FOUND;
         };
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(device, memory) };
-        if !r.ok() || memory.is_null() {
-            return r;
-        }
-        let Some(a) = active() else {
-            return r;
-        };
-        let Some(dev) = region_of(device) else {
-            return r;
-        };
-        // SAFETY: non-null, and the driver just filled it.
-        let m = unsafe { &mut *memory };
-        if let Some((total, used)) = view(a.rt, dev, m.total) {
-            m.total = total;
-            m.used = used;
-            m.free = total.saturating_sub(used);
-        }
-        r
+        memory_info(
+            device,
+            memory,
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(device, memory) },
+            |m| m.total,
+            |m, total, used| {
+                m.total = total;
+                m.used = used;
+                m.free = total.saturating_sub(used);
+            },
+        )
     })
 }
 
@@ -78,26 +98,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         let Some(f) = real::nvmlDeviceGetMemoryInfo_v2.require() else {
             return NvmlReturn::FUNCTION_NOT_FOUND;
         };
-        // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(device, memory) };
-        if !r.ok() || memory.is_null() {
-            return r;
-        }
-        let Some(a) = active() else {
-            return r;
-        };
-        let Some(dev) = region_of(device) else {
-            return r;
-        };
-        // SAFETY: non-null, and the driver just filled it.
-        let m = unsafe { &mut *memory };
-        if let Some((total, used)) = view(a.rt, dev, m.total) {
-            m.total = total;
-            m.used = used;
-            m.reserved = m.reserved.min(total);
-            m.free = total.saturating_sub(used).saturating_sub(m.reserved);
-        }
-        r
+        memory_info(
+            device,
+            memory,
+            // SAFETY: forwarding the caller's arguments unchanged.
+            || unsafe { f(device, memory) },
+            |m| m.total,
+            |m, total, used| {
+                m.total = total;
+                m.used = used;
+                m.reserved = m.reserved.min(total);
+                m.free = total.saturating_sub(used).saturating_sub(m.reserved);
+            },
+        )
     })
 }
 
