@@ -22,7 +22,7 @@ t0=$(date +%s%N)
 unshare --pid --fork --mount-proc bash -c '
     for i in $(seq 1 '"$n"'); do
         env LD_PRELOAD='"$vgpu"' CUDA_DEVICE_MEMORY_SHARED_CACHE='"$work"'/region LIBCUDA_LOG_LEVEL=4 \
-            CUDA_DEVICE_MEMORY_LIMIT=8g timeout 120 '"$bin"'/demo hold 16 '"$work"'/ready.$i \
+            CUDA_DEVICE_MEMORY_LIMIT=32g timeout 120 '"$bin"'/demo hold 16 '"$work"'/ready.$i \
             >'"$work"'/out.$i 2>&1 &
     done
     wait' &

@@ -56,6 +56,17 @@ pub fn refill(b: &SmBucket, now_ns: u64) {
     }
 }
 
+/// Whether launches are held back by the rate: the bucket (refilled to `now_ns`) holds less
+/// than half its burst. A program that launches less than the rate lets it fill up to the burst;
+/// one that wants more keeps it near zero or in debt. (Reading the debt at one instant misses
+/// the moments between a repaid wait and the next launch.)
+pub fn held_back(b: &SmBucket, now_ns: u64) -> bool {
+    refill(b, now_ns);
+    let rate = b.rate.load(Ordering::Relaxed);
+    let cap = (u128::from(rate) * u128::from(BURST_NS) / 1_000_000_000) as i64;
+    rate != 0 && tokens(b) < cap / 2
+}
+
 /// Takes `cost` tokens for a launch, waiting (sleeping, bounded) while the bucket is in debt.
 /// Returns the nanoseconds waited.
 pub fn consume<P: Platform>(b: &SmBucket, platform: &P, cost: u64) -> u64 {
@@ -301,6 +312,32 @@ mod tests {
                 "target {target}: the work settled at {util:.1}"
             );
         }
+    }
+
+    fn bucket(rate: u64, tokens: i64) -> SmBucket {
+        SmBucket {
+            tokens: crate::sync::AtomicU64::new(tokens as u64),
+            rate: crate::sync::AtomicU64::new(rate),
+            refilled_ns: crate::sync::AtomicU64::new(1_000),
+            lease: crate::sync::AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn held_back_tells_a_full_bucket_from_a_drained_one() {
+        // 1000 tokens/s: a burst of 50 tokens.
+        assert!(
+            !held_back(&bucket(1000, 50), 1_000),
+            "full: the program is slower"
+        );
+        assert!(held_back(&bucket(1000, 0), 1_000), "empty: launches wait");
+        assert!(held_back(&bucket(1000, -400), 1_000), "in debt");
+        // Refilled first: 40 ms after an empty bucket, 40 tokens are back (above half).
+        assert!(!held_back(&bucket(1000, 0), 40_001_000));
+        assert!(
+            !held_back(&bucket(0, -400), 1_000),
+            "no rate yet: nothing is held back"
+        );
     }
 
     #[test]

@@ -116,6 +116,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         last_ns = now;
         for dev in (0..ABI_DEVS).filter(|d| mask & (1 << d) != 0) {
             let b = &rt.region.uuids[dev].bucket;
+            let starved = bucket::held_back(b, now);
             let tokens = b.tokens.load(Ordering::Relaxed) as i64;
             let earned =
                 (b.rate.load(Ordering::Relaxed) as u128 * period_ns as u128 / 1_000_000_000) as i64;
@@ -135,7 +136,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 util,
                 consumed,
                 period_ns,
-                starved: tokens < 0,
+                starved,
             });
             b.rate.store(rate, Ordering::Relaxed);
             log_debug!(
