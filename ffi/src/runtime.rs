@@ -65,6 +65,22 @@ pub struct Runtime {
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+/// Takes a lock that is one flag (so a forked child can clear it): spins briefly, then yields.
+pub(crate) fn spin_lock(flag: &AtomicBool) {
+    let mut spins = 0u32;
+    while flag
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 const UNINIT: u8 = 0;
 const BUSY: u8 = 1;
@@ -350,19 +366,7 @@ impl Runtime {
     /// Runs `f`, which writes slot counters, as this process's one slot writer. Waiters spin
     /// briefly (writes take nanoseconds), then yield the CPU.
     pub fn as_slot_writer<R>(&self, f: impl FnOnce() -> R) -> R {
-        let mut spins = 0u32;
-        while self
-            .slot_writer_busy
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        spin_lock(&self.slot_writer_busy);
         struct Done<'a>(&'a AtomicBool);
         impl Drop for Done<'_> {
             fn drop(&mut self) {

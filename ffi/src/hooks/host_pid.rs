@@ -84,36 +84,36 @@ pub fn processes(dev: usize) -> Option<Vec<Proc>> {
     let v2 = real::nvmlDeviceGetComputeRunningProcesses_v3
         .get()
         .or_else(|| real::nvmlDeviceGetComputeRunningProcesses_v2.get());
+    match v2 {
+        Some(f) => query(h, f, |p: &NvmlProcessInfo| (p.pid, p.used_gpu_memory)),
+        None => {
+            let f = real::nvmlDeviceGetComputeRunningProcesses.get()?;
+            query(h, f, |p: &NvmlProcessInfoV1| (p.pid, p.used_gpu_memory))
+        }
+    }
+}
+
+/// One process-list query with entries of type `E`, growing the buffer while NVML says it is
+/// too small.
+fn query<E: Default + Clone>(
+    h: NvmlDevice,
+    f: unsafe extern "C" fn(NvmlDevice, *mut std::ffi::c_uint, *mut E) -> NvmlReturn,
+    entry: impl Fn(&E) -> Proc,
+) -> Option<Vec<Proc>> {
     let mut cap = 64u32;
     for _ in 0..4 {
         let mut n = cap;
-        let r;
-        let out: Vec<Proc>;
-        if let Some(f) = v2 {
-            let mut buf = vec![NvmlProcessInfo::default(); cap as usize];
-            // SAFETY: the real query writes at most `n` entries into our buffer of `cap`.
-            r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
-            out = buf
-                .iter()
-                .take(n.min(cap) as usize)
-                .map(|p| (p.pid, p.used_gpu_memory))
-                .collect();
-        } else {
-            let f = real::nvmlDeviceGetComputeRunningProcesses.get()?;
-            let mut buf = vec![NvmlProcessInfoV1::default(); cap as usize];
-            // SAFETY: as above, with the v1 entry layout.
-            r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
-            out = buf
-                .iter()
-                .take(n.min(cap) as usize)
-                .map(|p| (p.pid, p.used_gpu_memory))
-                .collect();
-        }
+        let mut buf = vec![E::default(); cap as usize];
+        // SAFETY: the real query writes at most `n` entries of its own layout `E` into our
+        // buffer of `cap`.
+        let r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
         if r == NvmlReturn::INSUFFICIENT_SIZE {
             cap = n.max(cap.saturating_mul(2)).min(1 << 16);
             continue;
         }
-        return r.ok().then_some(out);
+        return r
+            .ok()
+            .then(|| buf.iter().take(n.min(cap) as usize).map(&entry).collect());
     }
     None
 }

@@ -130,7 +130,7 @@ impl Shard {
     }
 
     fn lock(&self) {
-        spin_lock(&self.locked);
+        crate::runtime::spin_lock(&self.locked);
     }
 
     fn unlock(&self) {
@@ -165,27 +165,12 @@ static POOLS: PoolShard = PoolShard {
     map: UnsafeCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
 };
 
-fn spin_lock(flag: &AtomicBool) {
-    let mut spins = 0u32;
-    while flag
-        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
 /// Runs `f` on the pool states, one thread at a time (the lock is held across `f`, which may
 /// reserve in the region and call the real `cuMemPoolTrimTo`, so a pool's model and its
 /// accounting change together).
 pub fn with_pools<R>(f: impl FnOnce(&mut PoolMap) -> R) -> R {
     install_fork_handlers();
-    spin_lock(&POOLS.locked);
+    crate::runtime::spin_lock(&POOLS.locked);
     // SAFETY: we hold the pools' lock, so no other reference to the map exists.
     let r = f(unsafe { &mut *POOLS.map.get() });
     POOLS.locked.store(false, Ordering::Release);
@@ -258,7 +243,7 @@ pub fn len() -> usize {
 }
 
 extern "C" fn before_fork() {
-    spin_lock(&POOLS.locked);
+    crate::runtime::spin_lock(&POOLS.locked);
     for s in &TABLE {
         s.lock();
     }
