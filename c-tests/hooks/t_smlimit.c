@@ -13,7 +13,8 @@
  * - policy `disable`, and the default policy with the region's utilization_switch at 0 (HAMi's
  *   monitor's "one task alone"): no throttling;
  * - the region's recent_kernel at -1 (the monitor's priority gate): launches wait until it is
- *   lifted.
+ *   lifted;
+ * - two devices with CUDA_DEVICE_SM_LIMIT_0=25 only: device 0 is throttled, device 1 is not.
  *
  * Independent runs go in parallel, each with its own stand-in GPU and region.
  */
@@ -62,7 +63,7 @@ static double launch_batch(CUfunction f)
     return 4.0 * BLOCKS;
 }
 
-/* worker OUT [switch0|gate]: writes "rate R first_ms M" to OUT. */
+/* worker OUT [switch0|gate|dev1]: writes "rate R first_ms M" to OUT. */
 static int worker(const char *out, const char *mode)
 {
     if (mode && strcmp(mode, "-") == 0)
@@ -71,7 +72,7 @@ static int worker(const char *out, const char *mode)
     CU(cuInit(0));
     CUdevice dev;
     CUcontext ctx;
-    CU(cuDeviceGet(&dev, 0));
+    CU(cuDeviceGet(&dev, mode && strcmp(mode, "dev1") == 0 ? 1 : 0));
     CU(cuCtxCreate_v2(&ctx, 0, dev));
     CUfunction f = load_kernel();
     shared_region_t *r = region_rw();
@@ -170,6 +171,8 @@ int main(int argc, char **argv)
         {.name = "force50", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=50"}, .procs = 1},
         {.name = "disable", .env = {"GPU_CORE_UTILIZATION_POLICY=disable", "CUDA_DEVICE_SM_LIMIT=25"}, .procs = 1},
         {.name = "switch0", .env = {"CUDA_DEVICE_SM_LIMIT=25"}, .mode = "switch0", .procs = 1},
+        {.name = "dev0of2", .env = {"FAKE_CUDA_DEVICES=2", "GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT_0=25"}, .procs = 1},
+        {.name = "dev1of2", .env = {"FAKE_CUDA_DEVICES=2", "GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT_0=25"}, .mode = "dev1", .procs = 1},
     };
     struct run phase2[] = {
         {.name = "shared25", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=25"}, .procs = 2},
@@ -202,6 +205,10 @@ int main(int argc, char **argv)
     CHECK(SHARE(phase1[4]) >= 85,
           "default policy with the region's utilization_switch at 0: %.1f%%, not throttled",
           SHARE(phase1[4]));
+    CHECK(SHARE(phase1[5]) >= 15 && SHARE(phase1[5]) <= 35,
+          "two devices, CUDA_DEVICE_SM_LIMIT_0=25: device 0 gets %.1f%% (want 15..35)", SHARE(phase1[5]));
+    CHECK(SHARE(phase1[6]) >= 85, "two devices, CUDA_DEVICE_SM_LIMIT_0=25: device 1 gets %.1f%%, not throttled",
+          SHARE(phase1[6]));
     CHECK(phase2[1].first_ms >= 800,
           "recent_kernel at -1 holds launches until the monitor lifts it (first batch after %.0f ms, "
           "lifted at 1000)", phase2[1].first_ms);
