@@ -5,7 +5,7 @@
 //! sizes are const generics: the ABI is `Region<1024, 16>`, models use `Region<3, 1>`.
 //!
 //! Extensions (bytes that upstream leaves unused and zero, documented in docs/protocols.md):
-//! - `ProcSlot::unused[0]` holds the owner's start tag (see [`crate::platform::ProcId`]), so a
+//! - `ProcSlot::unused[0]` holds the owner's pid and start tag (see [`crate::platform::ProcId`]), so a
 //!   slot whose pid was reused by an unrelated process is recognised as dead.
 //! - The last 32 bytes of each 96-byte UUID entry hold that device's SM token bucket
 //!   ([`SmBucket`]). UUIDs are 40-character strings (`GPU-` + 36), written NUL-terminated by NVML,
@@ -135,7 +135,8 @@ pub struct ProcSlot<const DEVS: usize> {
     pub padding: AtomicI32,
     /// Per-slot sequence lock: odd while the owner writes `used`.
     pub seqlock: AtomicU64,
-    /// `unused[0]`: the owner's start tag (our extension); `unused[1]`: free.
+    /// `unused[0]`: the owner's pid (high 32 bits) and start tag (low 32), our extension;
+    /// `unused[1]`: free.
     pub unused: [AtomicU64; 2],
 }
 

@@ -25,6 +25,13 @@
 //! - B14: `owner_pid` holds a start tag above the pid, so a dead owner whose pid was reused is
 //!   still recognised as dead (C peers read the low 32 bits, which stay the pid).
 //!
+//! - A taker that dies in the middle of that takeover must not look like a dead owner whose
+//!   token its recoverer may post: the token it was taking over may have been posted already.
+//!   So the takeover first CASes [`TAKEOVER_MARKER`] into `owner_pid`, re-checks, and only then
+//!   its identity. The marker's pid is 1, which C peers judge alive (they never post for it);
+//!   ours judge a marker dead when nobody holds the window, since its creator holds the window
+//!   for the marker's whole life, and clear it without posting (found by spec/OwnerLock.tla).
+//!
 //! The window is a kernel-released record lock (see [`Platform::window_enter`]) that our
 //! processes hold while the semaphore and `owner_pid` disagree: around `sem_trywait` + store,
 //! and around CAS + `sem_post`. Waiting happens outside it. C peers hold no window; the
@@ -34,6 +41,10 @@
 use crate::layout::Region;
 use crate::platform::{Liveness, Platform, Problem, ProcId, SemWait};
 use crate::sync::Ordering;
+
+/// What `owner_pid` holds while a lost token is being taken over: pid 1 (so C peers, which check
+/// the pid, see a live owner) and a tag no process has ([`ProcId::start_tag`] never makes it).
+pub const TAKEOVER_MARKER: ProcId = ProcId((u32::MAX as u64) << 32 | 1);
 
 /// Timing of [`acquire`]. The defaults suit slot-table changes, which take microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,7 +140,10 @@ pub fn acquire<'a, P: Platform, const S: usize, const D: usize>(
         }
         let now = platform.now_ns();
         let owner = ProcId(region.owner_pid.load(Ordering::SeqCst));
-        if owner != ProcId::NONE {
+        if owner == TAKEOVER_MARKER {
+            orphan_since = None;
+            clear_dead_marker(region, platform);
+        } else if owner != ProcId::NONE {
             orphan_since = None;
             recover_dead_owner(region, platform, owner);
         } else if platform.sem_value(&region.sem) == 0 {
@@ -197,6 +211,24 @@ fn recover_dead_owner<P: Platform, const S: usize, const D: usize>(
     }
 }
 
+/// Clears a takeover marker whose creator died (nobody else holds the window, which a live
+/// creator holds throughout), without posting: no token came with it.
+fn clear_dead_marker<P: Platform, const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    platform: &P,
+) {
+    platform.window_enter();
+    let cleared = !platform.window_held_by_other()
+        && region
+            .owner_pid
+            .compare_exchange(TAKEOVER_MARKER.0, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+    platform.window_exit();
+    if cleared {
+        platform.report(Problem::RecoveredLostToken);
+    }
+}
+
 /// No owner, no token, and nobody between the two.
 fn token_looks_lost<P: Platform, const S: usize, const D: usize>(
     region: &Region<S, D>,
@@ -205,35 +237,38 @@ fn token_looks_lost<P: Platform, const S: usize, const D: usize>(
     platform.sem_value(&region.sem) == 0 && !platform.window_held_by_other()
 }
 
-/// Inherits a lost token by CAS of `owner_pid` from 0 to us, then re-validates.
+/// Inherits a lost token: CAS of `owner_pid` from 0 to [`TAKEOVER_MARKER`], re-validation, then
+/// CAS from the marker to us.
 ///
 /// The checks before the CAS are not atomic with it: a whole release (CAS to 0, post, leave the
 /// window) can run between them, and the CAS would then win a lock whose token was just posted.
-/// Once `owner_pid` is ours no release or recovery can succeed any more, so the checks after
-/// the CAS see every transition that began before it: a release that cleared `owner_pid` is
-/// still in its window or has posted. If anything moved, the CAS is undone.
+/// Once `owner_pid` holds the marker no release or recovery can succeed any more, so the checks
+/// after the CAS see every transition that began before it: a release that cleared `owner_pid`
+/// is still in its window or has posted. If anything moved, the marker is taken back. Dying
+/// with the marker in place leaves nothing a recoverer would post for.
 fn take_over_lost_token<P: Platform, const S: usize, const D: usize>(
     region: &Region<S, D>,
     platform: &P,
     me: ProcId,
 ) -> bool {
     platform.window_enter();
+    let marker = TAKEOVER_MARKER.0;
     let mut won = token_looks_lost(region, platform)
         && region
             .owner_pid
-            .compare_exchange(0, me.0, Ordering::SeqCst, Ordering::SeqCst)
+            .compare_exchange(0, marker, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
     if won {
         let still_lost = !platform.window_held_by_other()
             && platform.sem_value(&region.sem) == 0
-            && !platform.window_held_by_other()
-            && region.owner_pid.load(Ordering::SeqCst) == me.0;
-        if !still_lost {
-            let _ = region
-                .owner_pid
-                .compare_exchange(me.0, 0, Ordering::SeqCst, Ordering::SeqCst);
-            won = false;
-        }
+            && !platform.window_held_by_other();
+        let next = if still_lost { me.0 } else { 0 };
+        // Only we (alive, in the window) can move the marker.
+        won = region
+            .owner_pid
+            .compare_exchange(marker, next, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+            && still_lost;
     }
     platform.window_exit();
     if won {

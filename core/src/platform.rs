@@ -22,9 +22,10 @@ impl ProcId {
 
     /// The tag of a process started at `start_time` (clock ticks since boot, as
     /// `/proc/<pid>/stat` field 22 reports it). The top bit is always set, so a tag is never 0
-    /// (0 means "written by a C peer, pid only").
+    /// (0 means "written by a C peer, pid only"), and it is never all ones (the owner lock's
+    /// takeover marker, [`crate::lock::TAKEOVER_MARKER`]).
     pub fn start_tag(start_time: u64) -> u32 {
-        (start_time as u32 & 0x7fff_ffff) | 0x8000_0000
+        ((start_time as u32 & 0x7fff_ffff) | 0x8000_0000).min(u32::MAX - 1)
     }
 
     /// The pid, as C peers see it.

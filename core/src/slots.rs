@@ -35,11 +35,25 @@ pub enum ClaimError {
     TableFull,
 }
 
-/// The identity recorded in a slot: its pid and the start tag in `unused[0]`.
+/// The identity recorded in a slot: its pid and the start tag in `unused[0]`, which holds the
+/// pid beside the tag. A tag stored for another pid is not this slot's: a C peer's compaction
+/// can copy one of our slots over a vacated one and later append there with its own pid,
+/// leaving our old tag, which would make its live process look dead (found by spec/Slots.tla).
+/// Such a slot is judged by pid only, as C peers' slots are.
 pub fn slot_owner<const D: usize>(slot: &ProcSlot<D>) -> ProcId {
     let pid = slot.pid.load(Ordering::Acquire);
-    let tag = slot.unused[0].load(Ordering::Relaxed) as u32;
+    let word = slot.unused[0].load(Ordering::Relaxed);
+    let tag = if (word >> 32) as u32 == pid as u32 {
+        word as u32
+    } else {
+        0
+    };
     ProcId::new(pid, tag)
+}
+
+/// The `unused[0]` word for `me`: pid above, tag below.
+fn identity_word(me: ProcId) -> u64 {
+    (u64::from(me.pid() as u32) << 32) | u64::from(me.tag())
 }
 
 /// Whether `slot` belongs to `me`. A slot written by a C peer carries tag 0 and matches by pid.
@@ -61,7 +75,7 @@ fn occupy<const D: usize>(slot: &ProcSlot<D>, me: ProcId) {
         u.sm_util.store(0, Ordering::Relaxed);
     }
     slot.status.store(STATUS_RUNNING, Ordering::Relaxed);
-    slot.unused[0].store(u64::from(me.tag()), Ordering::Relaxed);
+    slot.unused[0].store(identity_word(me), Ordering::Relaxed);
     slot.pid.store(me.pid(), Ordering::Release);
 }
 
@@ -170,4 +184,23 @@ pub fn find_own<const S: usize, const D: usize>(
         }
     }
     region.live_range().iter().position(|s| owned_by(s, me))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_left_beside_another_pid_is_not_the_slots() {
+        let r = crate::layout::Region::<1, 1>::zeroed();
+        let s = &r.procs[0];
+        let ours = ProcId::new(100, ProcId::start_tag(5));
+        s.unused[0].store(identity_word(ours), Ordering::Relaxed);
+        s.pid.store(100, Ordering::Relaxed);
+        assert_eq!(slot_owner(s), ours);
+        // A C peer's compaction moved the slot and a C peer appended here with its own pid:
+        // unused[0] still holds our word, which must not make pid 200 look like a dead process.
+        s.pid.store(200, Ordering::Relaxed);
+        assert_eq!(slot_owner(s), ProcId::new(200, 0));
+    }
 }

@@ -163,7 +163,8 @@ typedef struct {
    */
   _Atomic uint64_t seqlock;
   /*
-   `unused[0]`: the owner's start tag (our extension); `unused[1]`: free.
+   `unused[0]`: the owner's pid (high 32 bits) and start tag (low 32), our extension;
+   `unused[1]`: free.
    */
   _Atomic uint64_t unused[2];
 } shrreg_proc_slot_t;

@@ -150,7 +150,8 @@ pub struct Slot {
     pub index: usize,
     /// Container-namespace pid; 0 for a free slot.
     pub pid: i32,
-    /// Start tag of the owner (our extension in `unused[0]`); 0 from C peers: match by pid.
+    /// Start tag of the owner (our extension in `unused[0]`, valid when stored beside the
+    /// slot's pid); 0 from C peers: match by pid.
     pub tag: u32,
     /// Host pid found through NVML; 0 while unknown.
     pub hostpid: i32,
