@@ -607,7 +607,10 @@ fn dead_slot_and_dead_owner_are_found_then_reaped() {
         .usage(1, 3, 0, 0, 7 * MIB)
         // A live process whose pid a dead tagged owner of slot 2 once had (PID reuse, B21).
         .slot(2, kid.pid())
-        .u64(Image::slot_at(2) + off::TAG, 0x8000_0001)
+        .u64(
+            Image::slot_at(2) + off::TAG,
+            (u64::from(kid.pid() as u32) << 32) | 0x8000_0001,
+        )
         .usage(2, 0, 0, 0, MIB)
         // The dead owner took the token: the semaphore is at 0.
         .u64(off::OWNER, dead_owner as u64)
@@ -1231,7 +1234,8 @@ fn findings_of_small_regions() {
     r.procs[0].pid.store(10, Ordering::Relaxed);
     r.procs[0].status.store(1, Ordering::Relaxed);
     r.procs[1].pid.store(11, Ordering::Relaxed);
-    r.procs[1].unused[0].store(0x8000_0005, Ordering::Relaxed);
+    // Our identity word: the pid above the start tag.
+    r.procs[1].unused[0].store((11 << 32) | 0x8000_0005, Ordering::Relaxed);
     r.procs[2].pid.store(10, Ordering::Relaxed);
     r.procs[2].status.store(7, Ordering::Relaxed);
     r.limit[1].store(100, Ordering::Relaxed);
