@@ -119,13 +119,28 @@ pub const GAIN: f64 = 0.2;
 /// uncalibrated: a program's start-up launches (a few small kernels, then a pause) would otherwise
 /// calibrate the rate far below what its real work needs, and the small gain would take many
 /// seconds to climb back.
+///
+/// A limit is a share of what the program gets unthrottled, but NVML need not read 100% for a
+/// GPU that runs flat out: on an H200 a saturating bf16 matmul reads about 82% (docs/
+/// gpu-results.md, run 2), so steering NVML to the limit itself left 1.2 times the throughput.
+/// So the first calibration lets the program run unthrottled for [`PROBE_STEPS`] steps, takes
+/// the highest utilisation seen as "flat out", and steers to the limit's share of that.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Controller {
     /// Target utilisation in percent.
     pub target: f64,
     rate: f64,
     idle_steps: u32,
+    /// NVML's utilisation of the unthrottled program (0: not probed yet).
+    full_util: f64,
+    probe_steps: u32,
+    probe_max: f64,
 }
+
+/// Steps the first calibration runs unthrottled to see NVML's reading of a busy GPU.
+pub const PROBE_STEPS: u32 = 4;
+/// Lowest "flat out" reading believed: below it the program was not busy during the probe.
+const MIN_FULL_UTIL: f64 = 50.0;
 
 /// Steps without any launch after which the controller recalibrates (1 s at 200 ms a step).
 pub const IDLE_STEPS_TO_RECALIBRATE: u32 = 5;
@@ -137,6 +152,9 @@ impl Controller {
             target: target_percent.clamp(1, 100) as f64,
             rate: 0.0,
             idle_steps: 0,
+            full_util: 0.0,
+            probe_steps: 0,
+            probe_max: 0.0,
         }
     }
 
@@ -153,6 +171,8 @@ impl Controller {
     pub fn step(&mut self, s: Sample) -> u64 {
         let util = s.util.clamp(0.0, 100.0);
         if s.consumed == 0 {
+            self.probe_steps = 0;
+            self.probe_max = 0.0;
             self.idle_steps = self.idle_steps.saturating_add(1);
             if self.idle_steps >= IDLE_STEPS_TO_RECALIBRATE {
                 self.rate = 0.0;
@@ -164,6 +184,15 @@ impl Controller {
             if s.consumed == 0 || s.period_ns == 0 {
                 return 0;
             }
+            if self.full_util == 0.0 {
+                // Consecutive busy steps only (an idle step above returned already and reset).
+                self.probe_steps += 1;
+                self.probe_max = self.probe_max.max(util);
+                if self.probe_steps < PROBE_STEPS {
+                    return 0;
+                }
+                self.full_util = self.probe_max.clamp(MIN_FULL_UTIL, 100.0);
+            }
             // As if the unthrottled program kept the GPU busy: the limit holds from the first
             // step, and a program that did not is given more by the steps that follow. (Scaling
             // by the measured utilisation instead trusts NVML's first sample, which still
@@ -172,7 +201,12 @@ impl Controller {
             self.rate = (consumed_rate * self.target / 100.0).max(1.0);
             return self.rate as u64;
         }
-        let mut factor = self.target / util.max(1.0);
+        let full = if self.full_util == 0.0 {
+            100.0
+        } else {
+            self.full_util
+        };
+        let mut factor = self.target * full / 100.0 / util.max(1.0);
         factor = factor.clamp(0.25, 2.0);
         if factor > 1.0 && !s.starved {
             // Below target because the program asks for less than the rate: do not wind up.
@@ -197,6 +231,12 @@ mod tests {
         /// Utilisation is reported this many periods late (NVML's sample window).
         lag: usize,
         reported: Vec<f64>,
+        /// NVML's reading of a flat-out GPU (100, or about 82 for a matmul on an H200), and
+        /// the exponent of its curve (below 1: a partly busy GPU reads busier than it is).
+        full_reading: f64,
+        exponent: f64,
+        /// Throughput per period as a share of the unthrottled program's, in percent.
+        shares: Vec<f64>,
     }
 
     impl SimGpu {
@@ -213,8 +253,11 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let noise = ((self.seed >> 33) % 200) as f64 / 100.0 - 1.0; // ±1 point
-            self.reported
-                .push((100.0 * libm_pow(done / self.capacity, 0.7) + noise).clamp(0.0, 100.0));
+            let share = done / self.capacity;
+            self.shares.push(100.0 * share);
+            self.reported.push(
+                (self.full_reading * libm_pow(share, self.exponent) + noise).clamp(0.0, 100.0),
+            );
             let seen = self.reported.len().saturating_sub(1 + self.lag);
             Sample {
                 util: self.reported[seen],
@@ -234,6 +277,9 @@ mod tests {
             seed: target,
             lag,
             reported: Vec::new(),
+            full_reading: 100.0,
+            exponent: 0.7,
+            shares: Vec::new(),
         };
         let mut c = Controller::new(target);
         let mut rate = 0;
@@ -293,6 +339,9 @@ mod tests {
                 seed: target,
                 lag: 2,
                 reported: Vec::new(),
+                full_reading: 100.0,
+                exponent: 0.7,
+                shares: Vec::new(),
             };
             let mut c = Controller::new(target);
             let mut rate = c.step(gpu.run(0, 0.2));
@@ -340,15 +389,50 @@ mod tests {
         );
     }
 
+    /// A GPU whose NVML reading is proportional to the work but reads 82% flat out, as the
+    /// H200 did: the throughput settles at the limit's share of the unthrottled throughput, not
+    /// at 1/0.82 of it. Without the probe (a "flat out" of 100) 25 becomes about 30.
+    #[test]
+    fn throughput_share_holds_when_nvml_reads_below_100_flat_out() {
+        for target in [25, 50, 75] {
+            let mut gpu = SimGpu {
+                capacity: 1e6,
+                demand: 5e6,
+                seed: target,
+                lag: 1,
+                reported: Vec::new(),
+                full_reading: 82.0,
+                exponent: 1.0,
+                shares: Vec::new(),
+            };
+            let mut c = Controller::new(target);
+            let mut rate = 0;
+            for _ in 0..80 {
+                rate = c.step(gpu.run(rate, 0.2));
+            }
+            let settled = &gpu.shares[40..80];
+            let share = settled.iter().sum::<f64>() / settled.len() as f64;
+            assert!(
+                (share - target as f64).abs() <= 3.0,
+                "target {target}: throughput settled at {share:.1}% of unthrottled"
+            );
+        }
+    }
+
     #[test]
     fn idle_program_does_not_wind_the_rate_up() {
         let mut c = Controller::new(50);
-        let first = c.step(Sample {
+        let busy = Sample {
             util: 100.0,
             consumed: 1000,
             period_ns: 1_000_000_000,
             starved: false,
-        });
+        };
+        let mut first = 0;
+        for _ in 0..PROBE_STEPS {
+            first = c.step(busy);
+        }
+        assert_ne!(first, 0, "calibrated after the probe");
         for _ in 0..20 {
             let r = c.step(Sample {
                 util: 5.0,

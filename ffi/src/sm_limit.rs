@@ -138,7 +138,13 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 period_ns,
                 starved,
             });
-            b.rate.store(rate, Ordering::Relaxed);
+            let previous = b.rate.swap(rate, Ordering::Relaxed);
+            if previous == 0 && rate != 0 {
+                // Unthrottled launches ran the bucket into debt; the limit starts now, not
+                // after that debt is repaid (seconds of stalled launches).
+                b.tokens.store(0, Ordering::Relaxed);
+                last_tokens[dev] = 0;
+            }
             log_debug!(
                 "sm-limit device {dev}: utilisation {util:.0}% (limit {limit}%), {consumed} tokens in {} ms, rate {rate}/s",
                 period_ns / 1_000_000
