@@ -24,6 +24,22 @@ fn tokens(b: &SmBucket) -> i64 {
     b.tokens.load(Ordering::Relaxed) as i64
 }
 
+/// The tokens a bucket refilling at `rate` per second earns in `ns` nanoseconds.
+pub fn tokens_in(rate: u64, ns: u64) -> i64 {
+    (u128::from(rate) * u128::from(ns) / 1_000_000_000) as i64
+}
+
+/// Sets the refill rate. Going from 0 (unmetered) to a rate also forgives the debt that the
+/// unmetered launches ran up: the limit starts now, not after that debt is repaid, which at a
+/// low rate stalls launches for seconds. Returns whether it did.
+pub fn set_rate(b: &SmBucket, rate: u64) -> bool {
+    let starts = b.rate.swap(rate, Ordering::Relaxed) == 0 && rate != 0;
+    if starts {
+        b.tokens.store(0, Ordering::Relaxed);
+    }
+    starts
+}
+
 /// Adds the tokens earned since the last refill (one process wins each refill by CAS), capped
 /// at the burst size.
 pub fn refill(b: &SmBucket, now_ns: u64) {
@@ -39,8 +55,8 @@ pub fn refill(b: &SmBucket, now_ns: u64) {
     if rate == 0 {
         return;
     }
-    let earned = (u128::from(rate) * u128::from(now_ns - last) / 1_000_000_000) as i64;
-    let cap = (u128::from(rate) * u128::from(BURST_NS) / 1_000_000_000) as i64;
+    let earned = tokens_in(rate, now_ns - last);
+    let cap = tokens_in(rate, BURST_NS);
     let mut cur = tokens(b);
     loop {
         let next = cur.saturating_add(earned).min(cap.max(cur));
@@ -63,8 +79,7 @@ pub fn refill(b: &SmBucket, now_ns: u64) {
 pub fn held_back(b: &SmBucket, now_ns: u64) -> bool {
     refill(b, now_ns);
     let rate = b.rate.load(Ordering::Relaxed);
-    let cap = (u128::from(rate) * u128::from(BURST_NS) / 1_000_000_000) as i64;
-    rate != 0 && tokens(b) < cap / 2
+    rate != 0 && tokens(b) < tokens_in(rate, BURST_NS) / 2
 }
 
 /// Takes `cost` tokens for a launch, waiting (sleeping, bounded) while the bucket is in debt.
@@ -131,8 +146,8 @@ pub struct Controller {
     pub target: f64,
     rate: f64,
     idle_steps: u32,
-    /// NVML's utilisation of the unthrottled program (0: not probed yet).
-    full_util: f64,
+    /// NVML's utilisation of the unthrottled program, once probed.
+    full_util: Option<f64>,
     probe_steps: u32,
     probe_max: f64,
 }
@@ -152,7 +167,7 @@ impl Controller {
             target: target_percent.clamp(1, 100) as f64,
             rate: 0.0,
             idle_steps: 0,
-            full_util: 0.0,
+            full_util: None,
             probe_steps: 0,
             probe_max: 0.0,
         }
@@ -184,14 +199,14 @@ impl Controller {
             if s.consumed == 0 || s.period_ns == 0 {
                 return 0;
             }
-            if self.full_util == 0.0 {
+            if self.full_util.is_none() {
                 // Consecutive busy steps only (an idle step above returned already and reset).
                 self.probe_steps += 1;
                 self.probe_max = self.probe_max.max(util);
                 if self.probe_steps < PROBE_STEPS {
                     return 0;
                 }
-                self.full_util = self.probe_max.clamp(MIN_FULL_UTIL, 100.0);
+                self.full_util = Some(self.probe_max.clamp(MIN_FULL_UTIL, 100.0));
             }
             // As if the unthrottled program kept the GPU busy: the limit holds from the first
             // step, and a program that did not is given more by the steps that follow. (Scaling
@@ -201,11 +216,8 @@ impl Controller {
             self.rate = (consumed_rate * self.target / 100.0).max(1.0);
             return self.rate as u64;
         }
-        let full = if self.full_util == 0.0 {
-            100.0
-        } else {
-            self.full_util
-        };
+        // A controller resumed from another lease holder has not probed: 100 as before.
+        let full = self.full_util.unwrap_or(100.0);
         let mut factor = self.target * full / 100.0 / util.max(1.0);
         factor = factor.clamp(0.25, 2.0);
         if factor > 1.0 && !s.starved {
@@ -240,6 +252,20 @@ mod tests {
     }
 
     impl SimGpu {
+        /// A GPU that reads 100% flat out on a curve of exponent 0.7, reporting `lag` late.
+        fn new(capacity: f64, demand: f64, seed: u64, lag: usize) -> Self {
+            SimGpu {
+                capacity,
+                demand,
+                seed,
+                lag,
+                reported: Vec::new(),
+                full_reading: 100.0,
+                exponent: 0.7,
+                shares: Vec::new(),
+            }
+        }
+
         fn run(&mut self, rate: u64, period_s: f64) -> Sample {
             // The program synchronises, so it cannot launch ahead of the GPU.
             let wanted = self.demand.min(self.capacity);
@@ -271,16 +297,7 @@ mod tests {
     /// The true utilisation the controller settles at over steps 40..80 (8 s after the start
     /// of 16 s at 200 ms a step).
     fn converge(target: u64, capacity: f64, demand: f64, lag: usize) -> f64 {
-        let mut gpu = SimGpu {
-            capacity,
-            demand,
-            seed: target,
-            lag,
-            reported: Vec::new(),
-            full_reading: 100.0,
-            exponent: 0.7,
-            shares: Vec::new(),
-        };
+        let mut gpu = SimGpu::new(capacity, demand, target, lag);
         let mut c = Controller::new(target);
         let mut rate = 0;
         for _ in 0..80 {
@@ -333,16 +350,7 @@ mod tests {
     #[test]
     fn startup_launches_do_not_miscalibrate_the_real_work() {
         for target in [25, 50, 75] {
-            let mut gpu = SimGpu {
-                capacity: 1e6,
-                demand: 1e4,
-                seed: target,
-                lag: 2,
-                reported: Vec::new(),
-                full_reading: 100.0,
-                exponent: 0.7,
-                shares: Vec::new(),
-            };
+            let mut gpu = SimGpu::new(1e6, 1e4, target, 2);
             let mut c = Controller::new(target);
             let mut rate = c.step(gpu.run(0, 0.2));
             gpu.demand = 0.0;
@@ -373,6 +381,16 @@ mod tests {
     }
 
     #[test]
+    fn starting_the_rate_forgives_unmetered_debt_once() {
+        let b = bucket(0, -800_000);
+        assert!(set_rate(&b, 1000), "0 -> 1000 starts metering");
+        assert_eq!(tokens(&b), 0);
+        b.tokens.store((-50i64) as u64, Ordering::Relaxed);
+        assert!(!set_rate(&b, 2000), "a change of rate keeps the debt");
+        assert_eq!(tokens(&b), -50);
+    }
+
+    #[test]
     fn held_back_tells_a_full_bucket_from_a_drained_one() {
         // 1000 tokens/s: a burst of 50 tokens.
         assert!(
@@ -396,14 +414,9 @@ mod tests {
     fn throughput_share_holds_when_nvml_reads_below_100_flat_out() {
         for target in [25, 50, 75] {
             let mut gpu = SimGpu {
-                capacity: 1e6,
-                demand: 5e6,
-                seed: target,
-                lag: 1,
-                reported: Vec::new(),
                 full_reading: 82.0,
                 exponent: 1.0,
-                shares: Vec::new(),
+                ..SimGpu::new(1e6, 5e6, target, 1)
             };
             let mut c = Controller::new(target);
             let mut rate = 0;

@@ -65,6 +65,10 @@ pub struct Runtime {
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+const UNINIT: u8 = 0;
+const BUSY: u8 = 1;
+const DONE: u8 = 2;
 
 /// Takes a lock that is one flag (so a forked child can clear it): spins briefly, then yields.
 pub(crate) fn spin_lock(flag: &AtomicBool) {
@@ -81,10 +85,6 @@ pub(crate) fn spin_lock(flag: &AtomicBool) {
         }
     }
 }
-static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-const UNINIT: u8 = 0;
-const BUSY: u8 = 1;
-const DONE: u8 = 2;
 
 thread_local! {
     /// This thread is running [`build`]: its nested hooks pass through.

@@ -118,8 +118,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             let b = &rt.region.uuids[dev].bucket;
             let starved = bucket::held_back(b, now);
             let tokens = b.tokens.load(Ordering::Relaxed) as i64;
-            let earned =
-                (b.rate.load(Ordering::Relaxed) as u128 * period_ns as u128 / 1_000_000_000) as i64;
+            let earned = bucket::tokens_in(b.rate.load(Ordering::Relaxed), period_ns);
             let consumed = (last_tokens[dev] + earned - tokens).max(0) as u64;
             last_tokens[dev] = tokens;
             if !hold_lease(rt, dev) {
@@ -138,11 +137,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 period_ns,
                 starved,
             });
-            let previous = b.rate.swap(rate, Ordering::Relaxed);
-            if previous == 0 && rate != 0 {
-                // Unthrottled launches ran the bucket into debt; the limit starts now, not
-                // after that debt is repaid (seconds of stalled launches).
-                b.tokens.store(0, Ordering::Relaxed);
+            if bucket::set_rate(b, rate) {
                 last_tokens[dev] = 0;
             }
             log_debug!(

@@ -196,35 +196,11 @@ fn mutation_takeover_without_revalidation() {
     });
 }
 
-/// A deliberately wrong recovery, written here with the platform called directly: on seeing a
-/// dead owner, clear `owner_pid` and post, without a CAS (upstream's B9). Two waiters both
+/// Upstream's recovery without CAS (B9, `mutant_lock`): two waiters of a dead holder both
 /// post; the sim's `sem_post` check must catch the semaphore going to 2. Mutation test.
 #[test]
 #[should_panic(expected = "semaphore value exceeded 1")]
 fn mutation_recovery_without_cas() {
-    fn bad_acquire(p: &SimProc<2, 1>) {
-        let r = p.region();
-        let cfg = model_lock_cfg();
-        let start = p.now_ns();
-        loop {
-            p.window_enter();
-            let got = p.sem_wait(&r.sem, 0) == hami_shm::platform::SemWait::Acquired;
-            if got {
-                r.owner_pid.store(p.self_id().0, Ordering::SeqCst);
-            }
-            p.window_exit();
-            if got {
-                return;
-            }
-            let owner = ProcId(r.owner_pid.load(Ordering::SeqCst));
-            if owner != ProcId::NONE && p.liveness(owner) == Liveness::Dead {
-                r.owner_pid.store(0, Ordering::SeqCst); // no CAS
-                p.sem_post(&r.sem);
-            }
-            assert!(p.now_ns() - start < cfg.deadline_ns, "timeout");
-            p.sleep_ns(1);
-        }
-    }
     loom::model(|| {
         let sim = S::initialised([0]);
         let victim = SimProc::spawn(&sim, 0);
@@ -234,16 +210,7 @@ fn mutation_recovery_without_cas() {
             .map(|i| {
                 let p = SimProc::spawn(&sim, i);
                 thread::spawn(move || {
-                    bad_acquire(&p);
-                    // Release as core does, but post unconditionally (the recoverer may have
-                    // cleared owner_pid under us).
-                    let _ = p.region().owner_pid.compare_exchange(
-                        p.id().0,
-                        0,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    );
-                    p.sem_post(&p.region().sem);
+                    mutant_lock::take_and_release_recovering_without_cas(&p, &model_lock_cfg());
                     p.exit();
                 })
             })

@@ -78,32 +78,11 @@ fn scenario_with_an_early_crash() {
     });
 }
 
-/// A wrong recovery written here, calling the platform directly: on seeing a dead owner, clear
-/// `owner_pid` and post, without a CAS (upstream's B9). Three waiters of a dead holder: two can
+/// Upstream's recovery without CAS (B9, `mutant_lock`), three waiters of a dead holder: two can
 /// both post, and the sim's `sem_post` check (semaphore ≤ 1) must catch it. Mutation test.
 #[test]
 #[should_panic(expected = "semaphore value exceeded 1")]
 fn mutation_recovery_post_without_cas() {
-    fn bad_acquire(p: &P) {
-        let r = p.region();
-        loop {
-            p.window_enter();
-            let got = p.sem_wait(&r.sem, 0) == SemWait::Acquired;
-            if got {
-                r.owner_pid.store(p.self_id().0, Ordering::SeqCst);
-            }
-            p.window_exit();
-            if got {
-                return;
-            }
-            let owner = ProcId(r.owner_pid.load(Ordering::SeqCst));
-            if owner != ProcId::NONE && p.liveness(owner) == Liveness::Dead {
-                r.owner_pid.store(0, Ordering::SeqCst); // no CAS
-                p.sem_post(&r.sem);
-            }
-            p.sleep_ns(1);
-        }
-    }
     shuttle::check_random(
         || {
             let sim: Arc<S> = S::initialised([LIMIT]);
@@ -114,15 +93,7 @@ fn mutation_recovery_post_without_cas() {
                 .map(|i| {
                     let p = P::spawn(&sim, i);
                     thread::spawn(move || {
-                        bad_acquire(&p);
-                        let r = p.region();
-                        let _ = r.owner_pid.compare_exchange(
-                            p.id().0,
-                            0,
-                            Ordering::SeqCst,
-                            Ordering::SeqCst,
-                        );
-                        p.sem_post(&r.sem);
+                        mutant_lock::take_and_release_recovering_without_cas(&p, &model_lock_cfg());
                         p.exit();
                     })
                 })

@@ -5,6 +5,8 @@
 //! between the checks and the CAS, which then wins a lock whose token was just posted: two
 //! holders.
 //!
+//! Also upstream's recovery without CAS ([`take_and_release_recovering_without_cas`]).
+//!
 //! Used by `loom_lock.rs` and `shuttle_scenario.rs` to show that their checks catch each bug.
 #![allow(dead_code)]
 
@@ -14,6 +16,40 @@ use hami_model::SimProc;
 use hami_shm::lock::LockConfig;
 use hami_shm::platform::{Liveness, Platform, Problem, ProcId, SemWait};
 use hami_shm::sync::Ordering;
+
+/// Takes the lock with upstream's wrong recovery (B9), calling the platform directly: on
+/// seeing a dead owner, clear `owner_pid` and post, without a CAS. Then releases as core does,
+/// but posts unconditionally (the recoverer may have cleared `owner_pid` under us). Two
+/// waiters of a dead holder can both post: the sim's `sem_post` check must catch it.
+pub fn take_and_release_recovering_without_cas<const S: usize, const D: usize>(
+    p: &SimProc<S, D>,
+    cfg: &LockConfig,
+) {
+    let r = p.region();
+    let start = p.now_ns();
+    loop {
+        p.window_enter();
+        let got = p.sem_wait(&r.sem, 0) == SemWait::Acquired;
+        if got {
+            r.owner_pid.store(p.self_id().0, Ordering::SeqCst);
+        }
+        p.window_exit();
+        if got {
+            break;
+        }
+        let owner = ProcId(r.owner_pid.load(Ordering::SeqCst));
+        if owner != ProcId::NONE && p.liveness(owner) == Liveness::Dead {
+            r.owner_pid.store(0, Ordering::SeqCst); // no CAS
+            p.sem_post(&r.sem);
+        }
+        assert!(p.now_ns() - start < cfg.deadline_ns, "timeout");
+        p.sleep_ns(1);
+    }
+    let _ = r
+        .owner_pid
+        .compare_exchange(p.id().0, 0, Ordering::SeqCst, Ordering::SeqCst);
+    p.sem_post(&r.sem);
+}
 
 /// Holds the lock; dropping releases it as core's `OwnerGuard` does.
 pub struct Guard<'a, const S: usize, const D: usize> {
