@@ -24,6 +24,10 @@ int main(void) {
     SIZE(_Atomic int32_t, 4);
 
     SIZE(device_memory_t, 64);
+    /* Our SM bucket in the tail of each 96-byte UUID entry: the string keeps its first 56 bytes. */
+    SIZE(DeviceUuid, 96);
+    SIZE(SmBucket, 40);
+    OFF(DeviceUuid, bucket, 56);
     OFF(device_memory_t, context_size, 0);
     OFF(device_memory_t, module_size, 8);
     OFF(device_memory_t, data_size, 16);

@@ -13,7 +13,10 @@
 # measure our hooks against a driver whose calls cost next to nothing; they are not GPU numbers.
 #
 # Knobs: BENCH_RUNS, BENCH_ALLOC_ITERS (5000), BENCH_GETINFO_ITERS (100000),
-# BENCH_LAUNCH_ITERS (100000), BENCH_LIMIT, BENCH_RESULTS (also write the table to this file).
+# BENCH_LAUNCH_ITERS (100000), BENCH_LIMIT, BENCH_RESULTS (also write the table to this file),
+# BENCH_ONLY (a comma list of alloc, group, startup, getinfo, launch: only those metrics),
+# BENCH_TRACE (a folder: one more start-up batch each way, every worker's line and, for ours,
+# the library's debug log with its start-up phase timings, kept there).
 # Runs in about two minutes on an H200. Changes no GPU setting. Benchmarks, not tests: the exit
 # status is 0 whenever every run completed, whatever the ratios.
 set -u
@@ -26,6 +29,9 @@ alloc_iters=${BENCH_ALLOC_ITERS:-5000}
 getinfo_iters=${BENCH_GETINFO_ITERS:-100000}
 launch_iters=${BENCH_LAUNCH_ITERS:-100000}
 limit=${BENCH_LIMIT:-40g}
+only=${BENCH_ONLY:-alloc,group,startup,getinfo,launch}
+trace=${BENCH_TRACE:-}
+want() { case ",$only," in *",$1,"*) return 0 ;; esac; return 1; }
 work=$(mktemp -d /tmp/hami-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -70,6 +76,7 @@ fi
 # called in $(...): the run counter and the failure count live in this shell.)
 nrun=0
 failed=0
+declare -a ours_env=() side_env=()  # extra variables for ours / for both sides (the trace)
 run() {
     local side=$1; shift
     nrun=$((nrun + 1))
@@ -78,9 +85,9 @@ run() {
     if [ "$side" = ours ]; then
         rm -f "$work/region"
         pre=(LD_PRELOAD="$vgpu" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/region"
-            CUDA_DEVICE_MEMORY_LIMIT="$limit")
+            CUDA_DEVICE_MEMORY_LIMIT="$limit" "${ours_env[@]}")
     fi
-    env "${drv_env[@]}" "${pre[@]}" timeout -k 5 120 "$bench" "$@" >"$log" 2>"$log.err"
+    env "${drv_env[@]}" "${pre[@]}" "${side_env[@]}" timeout -k 5 120 "$bench" "$@" >"$log" 2>"$log.err"
     local rc=$?
     if [ "$rc" -ne 0 ] || grep -q '^FAIL' "$log"; then
         echo "run $nrun ($side: bench $*) failed, rc $rc:" >&2
@@ -135,23 +142,43 @@ row() {
     echo "    ours:  $(values "$key" "${ours_logs[@]}" | tr '\n' ' ')"
 }
 
-echo "=== alloc, 1 process"
-pairs alloc "$alloc_iters"
-row "cuMemAlloc+cuMemFree 2 MiB, 1 process" "us/pair" 1000 1.05 alloc_ns
-echo "=== alloc, 8 processes at once"
-pairs group 8 alloc "$alloc_iters"
-row "cuMemAlloc+cuMemFree 2 MiB, 8 processes" "median us/pair" 1000 1.05 group_median
-echo "=== start-up, 16 processes at once"
-pairs group 16 startup
-row "start-up of 16 processes at once: whole batch" "ms" 1000000 1.1 group_wall_ns
-row "start-up of 16 processes at once: each" "median ms" 1000000 1.1 group_median
-echo "=== cuMemGetInfo"
-pairs getinfo "$getinfo_iters"
-row "cuMemGetInfo" "us/call" 1000 1.05 getinfo_ns
-echo "=== kernel launch"
-pairs launch "$launch_iters"
-row "kernel launch, empty kernel, no SM limit" "us/launch" 1000 1.05 launch_ns
-
+if want alloc; then
+    echo "=== alloc, 1 process"
+    pairs alloc "$alloc_iters"
+    row "cuMemAlloc+cuMemFree 2 MiB, 1 process" "us/pair" 1000 1.05 alloc_ns
+fi
+if want group; then
+    echo "=== alloc, 8 processes at once"
+    pairs group 8 alloc "$alloc_iters"
+    row "cuMemAlloc+cuMemFree 2 MiB, 8 processes" "median us/pair" 1000 1.05 group_median
+fi
+if want startup; then
+    echo "=== start-up, 16 processes at once"
+    pairs group 16 startup
+    row "start-up of 16 processes at once: whole batch" "ms" 1000000 1.1 group_wall_ns
+    row "start-up of 16 processes at once: each" "median ms" 1000000 1.1 group_median
+    if [ -n "$trace" ]; then
+        mkdir -p "$trace"
+        side_env=(BENCH_VERBOSE=1)
+        ours_env=(LIBCUDA_LOG_LEVEL=4)
+        run plain group 16 startup
+        cat "$log" "$log.err" >"$trace/startup-plain.txt"
+        run ours group 16 startup
+        cat "$log" "$log.err" >"$trace/startup-ours.txt"
+        side_env=()
+        ours_env=()
+    fi
+fi
+if want getinfo; then
+    echo "=== cuMemGetInfo"
+    pairs getinfo "$getinfo_iters"
+    row "cuMemGetInfo" "us/call" 1000 1.05 getinfo_ns
+fi
+if want launch; then
+    echo "=== kernel launch"
+    pairs launch "$launch_iters"
+    row "kernel launch, empty kernel, no SM limit" "us/launch" 1000 1.05 launch_ns
+fi
 echo
 echo "=== libvgpu.so overhead on $machine, $(date -u +%Y-%m-%dT%H:%MZ), medians of $runs runs"
 {

@@ -117,7 +117,7 @@ if [ -x "$bin/demo" ] || timeout 60 make -s -C "$root/c-tests/hooks" demo BUILD=
     if grep -q '^SKIP' "$log"; then
         rows+=("$(printf '%-22s %-5s %s' hostpid-16-in-pidns SKIP "$(sed -n 's/^SKIP \[hostpid\] //p' "$log")")")
     elif grep -q '^PASS' "$log"; then
-        row hostpid-16-in-pidns PASS "$(grep -o '[0-9]* of [0-9]* ready in [0-9]* ms; found: .*' "$log" | head -1)"
+        row hostpid-16-in-pidns PASS "$(sed -n 's/^PASS \[hostpid\] //p' "$log" | head -1); $(grep -o '[0-9]* of [0-9]* ready in [0-9]* ms' "$log" | head -1)"
     else
         row hostpid-16-in-pidns FAIL "$(grep '^FAIL' "$log" | head -1)"
     fi

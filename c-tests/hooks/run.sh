@@ -53,6 +53,13 @@ t devices 120 FAKE_CUDA_DEVICES=2 CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMO
 t config 120 -- bash "$here/config.sh" "$build"
 t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"
 t hostpid 120 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
+# The same in a pid namespace of its own, where check (c) takes its other branch.
+if unshare --pid --fork --mount-proc true 2>/dev/null; then
+    t hostpid-pidns 120 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- \
+        unshare --pid --fork --mount-proc "$build/t_hostpid"
+else
+    rows+=("hostpid-pidns    SKIPPED (unshare --pid is not allowed here)")
+fi
 if command -v python3 >/dev/null; then
     t ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- python3 "$here/t_ctypes.py"
 else

@@ -7,9 +7,10 @@
 //! Extensions (bytes that upstream leaves unused and zero, documented in docs/protocols.md):
 //! - `ProcSlot::unused[0]` holds the owner's pid and start tag (see [`crate::platform::ProcId`]), so a
 //!   slot whose pid was reused by an unrelated process is recognised as dead.
-//! - The last 32 bytes of each 96-byte UUID entry hold that device's SM token bucket
-//!   ([`SmBucket`]). UUIDs are 40-character strings (`GPU-` + 36), written NUL-terminated by NVML,
-//!   so C peers and HAMi's monitor, which read them as strings, never look past byte 64.
+//! - The last 40 bytes of each 96-byte UUID entry hold that device's SM token bucket
+//!   ([`SmBucket`]). UUIDs are 40-character strings (`GPU-` + 36; the longest, old-style MIG
+//!   names, 48), written NUL-terminated by NVML, so C peers and HAMi's monitor, which read them
+//!   as strings, never look past byte 56.
 
 use crate::sync::{AtomicI32, AtomicU32, AtomicU64, DataAtomicU64, DataAtomicU8, Ordering};
 
@@ -59,7 +60,7 @@ impl RawSem {
 }
 
 /// Bytes of a UUID entry that hold the string; the rest is the [`SmBucket`].
-pub const UUID_TEXT_LEN: usize = 64;
+pub const UUID_TEXT_LEN: usize = 56;
 
 /// The SM-limit token bucket of one device, shared by every process of the region (our
 /// extension, in the UUID entry's tail; see the module docs).
@@ -74,6 +75,9 @@ pub struct SmBucket {
     /// Controller lease: holder pid in the high 32 bits, expiry in monotonic milliseconds
     /// (wrapping) in the low 32.
     pub lease: AtomicU64,
+    /// Tokens ever taken by launches (wrapping): the controller's exact count of the work
+    /// launched in a period, whatever the burst cap did to `tokens`.
+    pub spent: AtomicU64,
 }
 
 /// One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string, then our
@@ -254,6 +258,7 @@ impl<const SLOTS: usize, const DEVS: usize> Region<SLOTS, DEVS> {
                     rate: AtomicU64::new(0),
                     refilled_ns: AtomicU64::new(0),
                     lease: AtomicU64::new(0),
+                    spent: AtomicU64::new(0),
                 },
             }),
             limit: zeroed_u64s(),
@@ -293,7 +298,7 @@ mod pinned {
 
     const_assert_eq!(size_of::<DeviceUuid>(), UUID_LEN);
     const_assert_eq!(offset_of!(DeviceUuid, bucket), UUID_TEXT_LEN);
-    const_assert_eq!(size_of::<SmBucket>(), 32);
+    const_assert_eq!(size_of::<SmBucket>(), 40);
 
     const_assert_eq!(size_of::<DeviceMemory>(), 64);
     const_assert_eq!(align_of::<DeviceMemory>(), 8);

@@ -16,7 +16,7 @@
 #define ABI_SLOTS 1024
 #define ABI_DEVS 16
 #define UUID_LEN 96
-#define UUID_TEXT_LEN 64
+#define UUID_TEXT_LEN 56
 #define STATUS_EXITED 0
 #define STATUS_RUNNING 1
 #define STATUS_SUSPENDED 2
@@ -191,6 +191,11 @@ typedef struct {
    (wrapping) in the low 32.
    */
   _Atomic uint64_t lease;
+  /*
+   Tokens ever taken by launches (wrapping): the controller's exact count of the work
+   launched in a period, whatever the burst cap did to `tokens`.
+   */
+  _Atomic uint64_t spent;
 } SmBucket;
 
 /*

@@ -107,7 +107,10 @@ fn hold_lease(rt: &Runtime, dev: usize) -> bool {
 
 fn controller_loop(rt: &'static Runtime, mask: u32) {
     let mut controllers: [Option<Controller>; ABI_DEVS] = [None; ABI_DEVS];
-    let mut last_tokens = [0i64; ABI_DEVS];
+    let mut last_spent = [0u64; ABI_DEVS];
+    for (dev, s) in last_spent.iter_mut().enumerate() {
+        *s = rt.region.uuids[dev].bucket.spent.load(Ordering::Relaxed);
+    }
     let mut last_ns = rt.platform.now_ns();
     loop {
         rt.platform.sleep_ns(PERIOD_NS);
@@ -117,10 +120,9 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         for dev in (0..ABI_DEVS).filter(|d| mask & (1 << d) != 0) {
             let b = &rt.region.uuids[dev].bucket;
             let starved = bucket::held_back(b, now);
-            let tokens = b.tokens.load(Ordering::Relaxed) as i64;
-            let earned = bucket::tokens_in(b.rate.load(Ordering::Relaxed), period_ns);
-            let consumed = (last_tokens[dev] + earned - tokens).max(0) as u64;
-            last_tokens[dev] = tokens;
+            let spent = b.spent.load(Ordering::Relaxed);
+            let consumed = spent.wrapping_sub(last_spent[dev]);
+            last_spent[dev] = spent;
             if !hold_lease(rt, dev) {
                 controllers[dev] = None;
                 continue;
@@ -131,18 +133,18 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             let limit = rt.region.sm_limit[dev].load(Ordering::Relaxed);
             let c = controllers[dev]
                 .get_or_insert_with(|| Controller::resume(limit, b.rate.load(Ordering::Relaxed)));
-            let rate = c.step(Sample {
+            let set = c.step(Sample {
                 util,
                 consumed,
                 period_ns,
                 starved,
             });
-            if bucket::set_rate(b, rate) {
-                last_tokens[dev] = 0;
-            }
+            bucket::set_rate(b, set.rate, set.forgive_debt);
             log_debug!(
-                "sm-limit device {dev}: utilisation {util:.0}% (limit {limit}%), {consumed} tokens in {} ms, rate {rate}/s",
-                period_ns / 1_000_000
+                "sm-limit device {dev}: utilisation {util:.0}% (limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s",
+                period_ns / 1_000_000,
+                if starved { " (held back)" } else { "" },
+                set.rate
             );
         }
     }

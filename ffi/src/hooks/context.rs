@@ -30,6 +30,7 @@ use hami_shm::platform::Platform;
 use hami_shm::seqlock::Kind;
 
 use crate::log::{log_debug, log_error};
+use crate::platform::monotonic_ns;
 use crate::runtime::Runtime;
 
 use super::devices;
@@ -110,8 +111,11 @@ fn create_counted(
     if let Err(oom) = super::memory::reserve(rt, dev, Kind::Context, est) {
         return (refused(what, dev, est, oom), 0);
     }
+    let t0 = monotonic_ns();
     let before = processes(dev);
+    let t1 = monotonic_ns();
     let r = create();
+    let t2 = monotonic_ns();
     if !r.ok() {
         rt.release(dev, Kind::Context, est);
         return (r, 0);
@@ -131,7 +135,14 @@ fn create_counted(
         }
         _ => est,
     };
-    log_debug!("{what}: context on device {dev} costs {cost} bytes (estimate {est})");
+    let ms = |a: u64, b: u64| b.saturating_sub(a) / 1_000_000;
+    log_debug!(
+        "{what}: context on device {dev} costs {cost} bytes (estimate {est}); NVML list before \
+         {} ms, creation {} ms, host pid and list after {} ms",
+        ms(t0, t1),
+        ms(t1, t2),
+        ms(t2, monotonic_ns())
+    );
     if let Err(oom) = adjust(rt, dev, Kind::Context, est, cost) {
         undo();
         rt.release(dev, Kind::Context, est);

@@ -20,6 +20,7 @@
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use hami_shm::layout::{ABI_DEVS, UUID_TEXT_LEN};
 
@@ -128,12 +129,18 @@ pub fn nvml_init() -> bool {
         2 => false,
         _ => {
             super::table::install_fork_handlers();
+            let t0 = crate::platform::monotonic_ns();
             let ok = real::nvmlInit_v2
                 .get()
                 // SAFETY: the real nvmlInit_v2, no arguments.
                 .map(|f| unsafe { f() }.ok())
                 .unwrap_or(false);
             NVML_STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
+            let ms = crate::platform::monotonic_ns().saturating_sub(t0) / 1_000_000;
+            crate::log::log_debug!(
+                "nvmlInit_v2: {} in {ms} ms",
+                if ok { "ready" } else { "failed" }
+            );
             ok
         }
     }
@@ -146,7 +153,10 @@ fn ensure_map(rt: &Runtime) {
     match STATE.compare_exchange(UNCOMPUTED, COMPUTING, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
             let _ = COMPUTING_HERE.try_with(|c| c.set(true));
+            let t0 = crate::platform::monotonic_ns();
             let done = compute(rt);
+            let ms = crate::platform::monotonic_ns().saturating_sub(t0) / 1_000_000;
+            crate::log::log_debug!("device map computed in {ms} ms");
             let _ = COMPUTING_HERE.try_with(|c| c.set(false));
             STATE.store(if done { DONE } else { UNCOMPUTED }, Ordering::Release);
         }
@@ -207,8 +217,28 @@ fn nvml_uuid_of(h: NvmlDevice) -> Option<String> {
     Some(s.to_string_lossy().into_owned())
 }
 
-/// Every NVML device's UUID (empty if NVML is unavailable).
-fn nvml_uuids() -> Vec<NvmlDev> {
+/// Every NVML device's UUID, queried once (empty if NVML is unavailable).
+fn nvml_uuids() -> &'static [NvmlDev] {
+    static UUIDS: OnceLock<Vec<NvmlDev>> = OnceLock::new();
+    UUIDS.get_or_init(query_nvml_uuids)
+}
+
+/// Starts NVML's initialisation and the UUID query on a thread of their own, so that they run
+/// beside the driver's `cuInit` rather than before the first context: with many processes
+/// starting at once `nvmlInit` alone took up to 170 ms on an H200. Whoever needs the UUIDs first
+/// waits for that thread's answer.
+pub fn prepare_nvml() {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if !STARTED.swap(true, Ordering::AcqRel) {
+        let _ = std::thread::Builder::new()
+            .name("hami-nvml-init".into())
+            .spawn(|| {
+                let _ = nvml_uuids();
+            });
+    }
+}
+
+fn query_nvml_uuids() -> Vec<NvmlDev> {
     let mut out = Vec::new();
     if !nvml_init() {
         return out;
@@ -289,7 +319,7 @@ fn fallback(rt: &Runtime, ordinal: usize, nvml: Option<&[NvmlDev]>) -> Option<u8
             VisibleDevice::Index(i) => u8::try_from(*i).ok(),
             VisibleDevice::Uuid(u) => match nvml {
                 Some(n) => by_uuid(n, u),
-                None => by_uuid(&nvml_uuids(), u),
+                None => by_uuid(nvml_uuids(), u),
             },
         },
         None => u8::try_from(ordinal).ok(),
@@ -324,13 +354,13 @@ fn compute(rt: &Runtime) -> bool {
             let mut u = CUuuid::default();
             // SAFETY: 16 bytes into a local CUuuid.
             if unsafe { f(&mut u, dev) }.ok() {
-                idx = by_uuid(&nvml, &format_uuid(&u.bytes));
+                idx = by_uuid(nvml, &format_uuid(&u.bytes));
             }
         }
         if idx.is_some() {
             how[0] += 1;
         } else {
-            idx = fallback(rt, o, Some(&nvml));
+            idx = fallback(rt, o, Some(nvml));
             how[if rt.config.visible_devices.is_some() {
                 1
             } else {
@@ -339,7 +369,7 @@ fn compute(rt: &Runtime) -> bool {
         }
         slot.store(idx.unwrap_or(UNMAPPED), Ordering::Relaxed);
     }
-    publish_uuids(rt, &nvml);
+    publish_uuids(rt, nvml);
     if crate::log::enabled(crate::log::Level::Info) {
         let shown: Vec<String> = (0..(n.max(0) as usize).min(MAX_ORDINALS))
             .map(|o| match MAP[o].load(Ordering::Relaxed) {

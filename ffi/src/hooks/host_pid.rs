@@ -22,6 +22,12 @@
 //!    the other; whoever sees a conflict withdraws (CAS back to 0), waits a time set by its slot
 //!    index and settles the next round by probe. No pid stays claimed twice.
 //!
+//! A driver that translates pids reports a container's processes with the pids of the container's
+//! own namespace. Our own pid in NVML's list while we run outside the initial pid namespace is
+//! such a case: it is the right pid for our own NVML queries, but not the host pid HAMi's monitor
+//! matches against the host's list (there it names some other process). It is kept for our
+//! queries and `hostpid` stays 0 for the monitor to fill in, with one line at info level.
+//!
 //! Everything polls NVML (whose lists lag the driver) until 2 s have passed. On failure one
 //! warning names the problem and the fix, `hostpid` stays 0 and accounting uses the container pid,
 //! as HAMi-core does. A forked child has a new pid, so it forgets the result and looks again.
@@ -32,7 +38,7 @@ use std::time::Duration;
 use hami_shm::layout::Region;
 use hami_shm::platform::Platform;
 
-use crate::log::{log_debug, log_warn};
+use crate::log::{log_debug, log_info, log_warn};
 use crate::platform::monotonic_ns;
 use crate::runtime::Runtime;
 
@@ -341,6 +347,14 @@ pub fn discover(rt: &Runtime, new: &NewContext, before: Option<&[Proc]>) -> Opti
     let (outcome, list) = search(rt, new, before, start + DEADLINE_NS);
     let ms = monotonic_ns().saturating_sub(start) / 1_000_000;
     match outcome {
+        Ok((pid, NAMESPACE_PID)) => {
+            FOUND.store(pid, Ordering::Release);
+            log_info!(
+                "NVML lists this process as pid {pid}, its pid in the container's namespace (the \
+                 driver translates pids): used for our own NVML queries; hostpid stays 0 for \
+                 HAMi's monitor to set (after {ms} ms)"
+            );
+        }
         Ok((pid, how)) => {
             FOUND.store(pid, Ordering::Release);
             if let Some(slot) = rt.own_slot().and_then(|s| rt.region.procs.get(s)) {
@@ -362,6 +376,17 @@ pub fn discover(rt: &Runtime, new: &NewContext, before: Option<&[Proc]>) -> Opti
 
 /// A host pid and how it was found (for the debug log), or why none was.
 type Found = Result<(u32, &'static str), Failure>;
+
+/// How [`search`] names a pid that is ours in NVML's list but not a host pid (module docs).
+const NAMESPACE_PID: &str = "own pid in a translated pid namespace";
+
+/// The inode of the initial pid namespace (the kernel's `PROC_PID_INIT_INO`).
+const INITIAL_PID_NS: &str = "pid:[4026531836]";
+
+/// Whether this process runs in the initial (host) pid namespace; true if it cannot tell.
+fn in_initial_pid_ns() -> bool {
+    std::fs::read_link("/proc/self/ns/pid").map_or(true, |l| l.as_os_str() == INITIAL_PID_NS)
+}
 
 /// The search loop of [`discover`]: the host pid and how it was found, or why not; and the last
 /// probe-free list.
@@ -417,6 +442,9 @@ fn search(
                 let careful_now = careful || peers_looking(rt.region, mine);
                 let pick = match choose(before.unwrap_or(&[]), &after, &own, &claimed, careful_now)
                 {
+                    Choice::Take(p) if p == own[0] && !in_initial_pid_ns() => {
+                        return (Ok((p, NAMESPACE_PID)), Some(after));
+                    }
                     Choice::Take(p) if p == own[0] => Some((p, "own pid")),
                     Choice::Take(p) if p == own[1] => Some((p, "NSpid")),
                     Choice::Take(p) => Some((p, "lone candidate")),

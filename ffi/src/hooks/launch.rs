@@ -43,6 +43,7 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
         let Some(f) = real::cuInit.require() else {
             return CUresult::NOT_FOUND;
         };
+        super::devices::prepare_nvml();
         // SAFETY: forwarding the caller's argument unchanged.
         let r = unsafe { f(flags) };
         if r.ok() {
