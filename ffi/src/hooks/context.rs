@@ -112,7 +112,11 @@ fn create_counted(
         return (refused(what, dev, est, oom), 0);
     }
     let t0 = monotonic_ns();
-    let before = processes(dev);
+    let before = if devices::nvml_ready() || !host_pid::list_before_optional() {
+        processes(dev)
+    } else {
+        None
+    };
     let t1 = monotonic_ns();
     let r = create();
     let t2 = monotonic_ns();

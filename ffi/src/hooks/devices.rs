@@ -113,6 +113,11 @@ pub fn nvml_handle(idx: usize) -> Option<NvmlDevice> {
     unsafe { f(idx as u32, &mut h) }.ok().then_some(h)
 }
 
+/// Whether NVML is initialised (by [`prepare_nvml`]'s thread or a query) and usable now.
+pub fn nvml_ready() -> bool {
+    NVML_STATE.load(Ordering::Acquire) == 1
+}
+
 /// Whether NVML is initialised for our queries: 0 unknown, 1 yes, 2 failed.
 static NVML_STATE: AtomicU8 = AtomicU8::new(0);
 
@@ -339,7 +344,11 @@ fn compute(rt: &Runtime) -> bool {
     let uuid_fn = real::cuDeviceGetUuid_v2
         .get()
         .or_else(|| real::cuDeviceGetUuid.get());
-    let nvml = nvml_uuids();
+    // The UUIDs an earlier process published in the region map most devices without waiting
+    // for NVML (which is slow to start while many processes start at once); NVML is asked only
+    // for what they do not map (MIG devices, the first process).
+    let published = published_uuids(rt);
+    let mut queried: Option<&[NvmlDev]> = None;
     let mut how = [0usize; 3];
     for (o, slot) in MAP
         .iter()
@@ -354,13 +363,15 @@ fn compute(rt: &Runtime) -> bool {
             let mut u = CUuuid::default();
             // SAFETY: 16 bytes into a local CUuuid.
             if unsafe { f(&mut u, dev) }.ok() {
-                idx = by_uuid(nvml, &format_uuid(&u.bytes));
+                let uuid = format_uuid(&u.bytes);
+                idx = by_uuid(&published, &uuid)
+                    .or_else(|| by_uuid(queried.get_or_insert_with(nvml_uuids), &uuid));
             }
         }
         if idx.is_some() {
             how[0] += 1;
         } else {
-            idx = fallback(rt, o, Some(nvml));
+            idx = fallback(rt, o, queried);
             how[if rt.config.visible_devices.is_some() {
                 1
             } else {
@@ -369,7 +380,9 @@ fn compute(rt: &Runtime) -> bool {
         }
         slot.store(idx.unwrap_or(UNMAPPED), Ordering::Relaxed);
     }
-    publish_uuids(rt, nvml);
+    if published.is_empty() {
+        publish_uuids(rt, queried.unwrap_or_else(nvml_uuids));
+    }
     if crate::log::enabled(crate::log::Level::Info) {
         let shown: Vec<String> = (0..(n.max(0) as usize).min(MAX_ORDINALS))
             .map(|o| match MAP[o].load(Ordering::Relaxed) {
@@ -387,6 +400,29 @@ fn compute(rt: &Runtime) -> bool {
         );
     }
     true
+}
+
+/// The device UUIDs published in the region, as region device index and text (none if no
+/// process has published them yet).
+fn published_uuids(rt: &Runtime) -> Vec<NvmlDev> {
+    let region = rt.region;
+    let n = (region.device_num.load(Ordering::Acquire) as usize).min(ABI_DEVS);
+    (0..n)
+        .filter_map(|i| {
+            let text: Vec<u8> = region.uuids[i]
+                .text
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .take_while(|&b| b != 0)
+                .collect();
+            let uuid = String::from_utf8(text).ok().filter(|u| !u.is_empty())?;
+            Some(NvmlDev {
+                index: i,
+                uuid,
+                mig: Vec::new(),
+            })
+        })
+        .collect()
 }
 
 /// Records the NVML devices' UUIDs in the region (HAMi's monitor reads them), if no process has

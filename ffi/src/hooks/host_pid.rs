@@ -383,6 +383,14 @@ const NAMESPACE_PID: &str = "own pid in a translated pid namespace";
 /// The inode of the initial pid namespace (the kernel's `PROC_PID_INIT_INO`).
 const INITIAL_PID_NS: &str = "pid:[4026531836]";
 
+/// Whether the list NVML gives before the first context can be skipped when NVML is not ready
+/// yet, rather than waited for: in the initial pid namespace discovery takes the cheap path
+/// (our own pid), which needs no list from before, and the first context's cost is all of our
+/// usage after it. Elsewhere the list tells new pids from old ones, so it is waited for.
+pub fn list_before_optional() -> bool {
+    STATE.load(Ordering::Acquire) == IDLE && in_initial_pid_ns()
+}
+
 /// Whether this process runs in the initial (host) pid namespace; true if it cannot tell.
 fn in_initial_pid_ns() -> bool {
     std::fs::read_link("/proc/self/ns/pid").map_or(true, |l| l.as_os_str() == INITIAL_PID_NS)
