@@ -60,13 +60,15 @@ static int visible(int phys)
     CHECK(real_used(phys) > 0 && real_used(other) == 0,
           "the driver agrees: physical %d in use (%llu MiB), %d idle (%llu)", phys,
           real_used(phys) / MIB, other, real_used(other));
-    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit_v2");
-    nvmlMemory_t m = nvml_mem((unsigned)phys), mo = nvml_mem((unsigned)other);
-    CHECK(m.total == g_lim[phys] && m.used == u,
-          "NVML device %d: total %llu == its limit, used %llu == region usage", phys, m.total,
-          m.used);
-    CHECK(mo.total == g_lim[other] && mo.used == 0, "NVML device %d: total %llu == its limit, "
-          "used %llu == 0", other, mo.total, mo.used);
+    if (!getenv("FAKE_NVML_FAIL")) {
+        CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit_v2");
+        nvmlMemory_t m = nvml_mem((unsigned)phys), mo = nvml_mem((unsigned)other);
+        CHECK(m.total == g_lim[phys] && m.used == u,
+              "NVML device %d: total %llu == its limit, used %llu == region usage", phys, m.total,
+              m.used);
+        CHECK(mo.total == g_lim[other] && mo.used == 0, "NVML device %d: total %llu == its limit, "
+              "used %llu == 0", other, mo.total, mo.used);
+    }
     CU(cuMemFree_v2(p));
     static CUdeviceptr ptrs[1024];
     int n;
@@ -123,19 +125,23 @@ static int both(void)
     return finish();
 }
 
+/* Runs this program as `mode phys` in a child with the given environment, on a fresh region
+ * file `cache`, or on the one left by the scenario before when `extra` (one more NAME=value) is
+ * given: then the region is kept afterwards too. */
 static int scenario(char *self, const char *name, const char *mode, const char *phys,
-                    const char *visible_env, const char *cache, const char *count)
+                    const char *visible_env, const char *cache, const char *count, char *extra)
 {
     char envbuf[4][256];
     snprintf(envbuf[0], sizeof envbuf[0], "CUDA_DEVICE_MEMORY_SHARED_CACHE=%s", cache);
     snprintf(envbuf[1], sizeof envbuf[1], "HK_RUN=%s", name);
     snprintf(envbuf[3], sizeof envbuf[3], "HK_COUNT=%s", count);
-    char *env[5] = {envbuf[0], envbuf[1], envbuf[3], NULL, NULL};
+    char *env[6] = {envbuf[0], envbuf[1], envbuf[3], extra, NULL, NULL};
     if (visible_env) {
         snprintf(envbuf[2], sizeof envbuf[2], "CUDA_VISIBLE_DEVICES=%s", visible_env);
-        env[3] = envbuf[2];
+        env[extra ? 4 : 3] = envbuf[2];
     }
-    unlink(cache);
+    if (!extra)
+        unlink(cache);
     char *av[] = {self, (char *)mode, (char *)phys, NULL};
     pid_t pid = fork();
     if (pid == 0) {
@@ -147,7 +153,8 @@ static int scenario(char *self, const char *name, const char *mode, const char *
         _exit(127);
     }
     int st = wait_status(pid);
-    unlink(cache);
+    if (!extra)
+        unlink(cache);
     return st;
 }
 
@@ -177,15 +184,23 @@ int main(int argc, char **argv)
         nvmlDeviceGetUUID(h, uuid, sizeof uuid);
     CHECK(uuid[0] != 0, "NVML device 1 has UUID %s", uuid);
 
-    int st = scenario(self, "devices-index", "visible", "1", "1", cache, "1");
+    int st = scenario(self, "devices-index", "visible", "1", "1", cache, "1", NULL);
     CHECK(st == 0, "CUDA_VISIBLE_DEVICES=1: accounting on region device 1 (status %d)", st);
-    st = scenario(self, "devices-uuid", "visible", "1", uuid, cache, "1");
+    st = scenario(self, "devices-uuid", "visible", "1", uuid, cache, "1", NULL);
     CHECK(st == 0, "CUDA_VISIBLE_DEVICES=%s: accounting on region device 1 (status %d)", uuid, st);
-    st = scenario(self, "devices-reorder", "visible", "1", "1,0", cache, "2");
+    /* A region whose UUIDs an earlier process published maps devices without NVML: here NVML
+     * fails, so CUDA_VISIBLE_DEVICES=<uuid> can only be resolved through the region. */
+    st = scenario(self, "devices-uuid-publish", "visible", "1", uuid, cache, "1", "HK_KEEP=1");
+    CHECK(st == 0, "CUDA_VISIBLE_DEVICES=%s, region kept (status %d)", uuid, st);
+    st = scenario(self, "devices-uuid-no-nvml", "visible", "1", uuid, cache, "1", "FAKE_NVML_FAIL=init");
+    CHECK(st == 0, "the same without NVML: mapped by the region's UUIDs to region device 1 "
+          "(status %d)", st);
+    unlink(cache);
+    st = scenario(self, "devices-reorder", "visible", "1", "1,0", cache, "2", NULL);
     CHECK(st == 0, "CUDA_VISIBLE_DEVICES=1,0: CUDA device 0 is region device 1 (status %d)", st);
-    st = scenario(self, "devices-zero", "visible", "0", "0", cache, "1");
+    st = scenario(self, "devices-zero", "visible", "0", "0", cache, "1", NULL);
     CHECK(st == 0, "CUDA_VISIBLE_DEVICES=0: accounting on region device 0 (status %d)", st);
-    st = scenario(self, "devices-both", "both", "-", NULL, cache, "2");
+    st = scenario(self, "devices-both", "both", "-", NULL, cache, "2", NULL);
     CHECK(st == 0, "both devices, each with its own limit (status %d)", st);
     return finish();
 }
