@@ -1,7 +1,9 @@
 //! The SM-utilisation limit: kernel launches draw from the device's region-wide token bucket
 //! (`hami_shm::bucket`), and one controller per device, elected by a lease in the region, sets
-//! the refill rate from NVML utilisation samples. No lock is held across an NVML call (the lease
-//! is a CAS, not a lock), and a process without a limit pays one relaxed load per launch.
+//! the refill rate from NVML utilisation samples and the region's exact count of blocks launched
+//! (the bucket's `spent`; see `hami_shm::bucket::Controller`). No lock is held across an NVML call
+//! (the lease is a CAS, not a lock), and a process without a limit pays one relaxed load per
+//! launch.
 //!
 //! Switches, as HAMi's monitor expects: `GPU_CORE_UTILIZATION_POLICY=force` limits always,
 //! `disable` never, otherwise the region's `utilization_switch` (1 = limit) decides; a negative
