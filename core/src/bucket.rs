@@ -178,8 +178,8 @@ enum Phase {
 ///
 /// Both are needed. NVML alone lets a compute-bound program through at 1.2 times its share on
 /// an H200 (docs/gpu-results.md, runs 2 and 3): NVML reads 99% flat out, but the throttled GPU
-/// does more work per busy second (higher clocks, we suppose), so 25% of the time did 30% of it. The block rate alone is blind to the cost of a block,
-/// which NVML sees.
+/// does more work per busy second (higher clocks, we suppose), so 25% of the time did 30% of
+/// it. The block rate alone is blind to the cost of a block, which NVML sees.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Controller {
     /// The limit in percent.

@@ -144,6 +144,12 @@ pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// Whole milliseconds from `from_ns` to `to_ns` (0 if `to_ns` is earlier), for the debug log's
+/// timings.
+pub fn ms_between(from_ns: u64, to_ns: u64) -> u64 {
+    to_ns.saturating_sub(from_ns) / 1_000_000
+}
+
 fn errno() -> i32 {
     std::io::Error::last_os_error()
         .raw_os_error()

@@ -121,7 +121,6 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         last_ns = now;
         for dev in (0..ABI_DEVS).filter(|d| mask & (1 << d) != 0) {
             let b = &rt.region.uuids[dev].bucket;
-            let starved = bucket::held_back(b, now);
             let spent = b.spent.load(Ordering::Relaxed);
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
@@ -132,6 +131,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             let Some(util) = SOURCE.get().and_then(|f| f(dev)) else {
                 continue;
             };
+            let starved = bucket::held_back(b, now);
             let limit = rt.region.sm_limit[dev].load(Ordering::Relaxed);
             let c = controllers[dev]
                 .get_or_insert_with(|| Controller::resume(limit, b.rate.load(Ordering::Relaxed)));

@@ -30,7 +30,7 @@ use hami_shm::platform::Platform;
 use hami_shm::seqlock::Kind;
 
 use crate::log::{log_debug, log_error};
-use crate::platform::monotonic_ns;
+use crate::platform::{monotonic_ns, ms_between};
 use crate::runtime::Runtime;
 
 use super::devices;
@@ -139,13 +139,12 @@ fn create_counted(
         }
         _ => est,
     };
-    let ms = |a: u64, b: u64| b.saturating_sub(a) / 1_000_000;
     log_debug!(
         "{what}: context on device {dev} costs {cost} bytes (estimate {est}); NVML list before \
          {} ms, creation {} ms, host pid and list after {} ms",
-        ms(t0, t1),
-        ms(t1, t2),
-        ms(t2, monotonic_ns())
+        ms_between(t0, t1),
+        ms_between(t1, t2),
+        ms_between(t2, monotonic_ns())
     );
     if let Err(oom) = adjust(rt, dev, Kind::Context, est, cost) {
         undo();

@@ -141,10 +141,10 @@ pub fn nvml_init() -> bool {
                 .map(|f| unsafe { f() }.ok())
                 .unwrap_or(false);
             NVML_STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
-            let ms = crate::platform::monotonic_ns().saturating_sub(t0) / 1_000_000;
             crate::log::log_debug!(
-                "nvmlInit_v2: {} in {ms} ms",
-                if ok { "ready" } else { "failed" }
+                "nvmlInit_v2: {} in {} ms",
+                if ok { "ready" } else { "failed" },
+                crate::platform::ms_between(t0, crate::platform::monotonic_ns())
             );
             ok
         }
@@ -160,8 +160,10 @@ fn ensure_map(rt: &Runtime) {
             let _ = COMPUTING_HERE.try_with(|c| c.set(true));
             let t0 = crate::platform::monotonic_ns();
             let done = compute(rt);
-            let ms = crate::platform::monotonic_ns().saturating_sub(t0) / 1_000_000;
-            crate::log::log_debug!("device map computed in {ms} ms");
+            crate::log::log_debug!(
+                "device map computed in {} ms",
+                crate::platform::ms_between(t0, crate::platform::monotonic_ns())
+            );
             let _ = COMPUTING_HERE.try_with(|c| c.set(false));
             STATE.store(if done { DONE } else { UNCOMPUTED }, Ordering::Release);
         }

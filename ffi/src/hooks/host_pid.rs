@@ -39,7 +39,7 @@ use hami_shm::layout::Region;
 use hami_shm::platform::Platform;
 
 use crate::log::{log_debug, log_info, log_warn};
-use crate::platform::monotonic_ns;
+use crate::platform::{monotonic_ns, ms_between};
 use crate::runtime::Runtime;
 
 use super::devices;
@@ -345,7 +345,7 @@ pub fn discover(rt: &Runtime, new: &NewContext, before: Option<&[Proc]>) -> Opti
     }
     let start = monotonic_ns();
     let (outcome, list) = search(rt, new, before, start + DEADLINE_NS);
-    let ms = monotonic_ns().saturating_sub(start) / 1_000_000;
+    let ms = ms_between(start, monotonic_ns());
     match outcome {
         Ok((pid, NAMESPACE_PID)) => {
             FOUND.store(pid, Ordering::Release);
