@@ -124,6 +124,17 @@ static __attribute__((unused)) shared_region_t *region(void)
         printf("FAIL [%s] cannot open the region %s: %s\n", g_test, path, strerror(errno));
         exit(1);
     }
+    /* A peer creates the file and then extends it: mapping it while it is still short would
+     * fault (SIGBUS) on the first read, so wait (up to 5 s) for its full size. */
+    struct stat st;
+    for (int i = 0; fstat(fd, &st) == 0 && (size_t)st.st_size < sizeof(shared_region_t); i++) {
+        if (i == 5000) {
+            printf("FAIL [%s] the region %s stays %lld bytes, short of %zu\n", g_test, path,
+                   (long long)st.st_size, sizeof(shared_region_t));
+            exit(1);
+        }
+        usleep(1000);
+    }
     void *p = mmap(NULL, sizeof(shared_region_t), PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
