@@ -29,6 +29,8 @@ use std::os::fd::RawFd;
 use hami_shm::layout::{RawSem, SharedRegion};
 use hami_shm::platform::{Liveness, Platform, Problem, ProcId, SemWait};
 
+use crate::log::log_warn;
+
 /// Bytes past the region's end where the owner lock's window byte lies (beyond the file's bytes:
 /// record locks may lie past end of file, and C peers lock only `[0, size)`).
 pub const WINDOW_OFFSET: u64 = 64;
@@ -318,24 +320,6 @@ fn parse_u64(digits: &[u8]) -> Option<u64> {
     })
 }
 
-/// Writes one warning line to stderr in HAMi's format: `[HAMI-core Warn(<pid>)]: <message>`.
-/// Formats into a stack buffer and writes it with one `write(2)`: no allocation, no lock.
-/// (To be replaced by the crate's shared logging module.)
-fn warn_line(args: fmt::Arguments<'_>) {
-    let mut line = StackBuf::<512>::new();
-    let _ = write!(line, "[HAMI-core Warn({})]: ", getpid());
-    let _ = line.write_fmt(args);
-    if line.len == line.buf.len() {
-        line.buf[line.len - 1] = b'\n';
-    } else {
-        let _ = line.write_str("\n");
-    }
-    let bytes = line.bytes();
-    // SAFETY: writes `bytes.len()` initialised bytes from `bytes` to fd 2; a failure is ignored
-    // (there is nowhere else to report it).
-    let _ = unsafe { libc::write(2, bytes.as_ptr() as *const libc::c_void, bytes.len()) };
-}
-
 /// True the first time it is called with `bit` in this process.
 fn first_time(bit: u32) -> bool {
     REPORTED.fetch_or(bit, Ordering::Relaxed) & bit == 0
@@ -484,7 +468,7 @@ impl Platform for LinuxPlatform {
 
     fn report(&self, problem: Problem) {
         if first_time(problem_bit(&problem)) {
-            warn_line(format_args!("{}", Args(&problem)));
+            log_warn!("{}", Args(&problem));
         }
     }
 
@@ -555,13 +539,13 @@ impl Platform for LinuxPlatform {
                 Err(libc::EACCES | libc::EAGAIN | libc::EINTR) => {}
                 Err(e) => {
                     if first_time(BIT_INIT_LOCK_FAILED) {
-                        warn_line(format_args!(
+                        log_warn!(
                             "shared region: cannot take the init lock (fcntl F_SETLK: {}); \
                              the region's descriptor is unusable or its file system lacks \
                              POSIX record locks: put CUDA_DEVICE_MEMORY_SHARED_CACHE on a local \
                              file system",
                             std::io::Error::from_raw_os_error(e)
-                        ));
+                        );
                     }
                     return false;
                 }
@@ -602,13 +586,13 @@ impl Platform for LinuxPlatform {
                 }
                 Err(e) => {
                     if first_time(BIT_WINDOW_FAILED) {
-                        warn_line(format_args!(
+                        log_warn!(
                             "shared region: cannot take the owner-lock window (fcntl F_SETLK at \
                              byte {byte}: {}); continuing without it. The region's descriptor \
                              is unusable or its file system lacks POSIX record locks: put \
                              CUDA_DEVICE_MEMORY_SHARED_CACHE on a local file system",
                             std::io::Error::from_raw_os_error(e)
-                        ));
+                        );
                     }
                     return;
                 }

@@ -447,10 +447,9 @@ fn sleep_resumes_after_a_signal() {
     assert_eq!(reap(child), 0);
 }
 
-#[test]
-fn each_problem_kind_is_reported_once() {
-    let _g = serial();
-    let p = platform();
+/// Runs `f` in a forked child whose stderr is a pipe; returns the child's exit status and what
+/// it wrote there.
+fn stderr_of(f: impl FnOnce() -> i32) -> (i32, String) {
     let out = pipe();
     let w = out.w.as_raw_fd();
     let child = fork(|| {
@@ -458,6 +457,20 @@ fn each_problem_kind_is_reported_once() {
         if unsafe { libc::dup2(w, 2) } != 2 {
             return 1;
         }
+        f()
+    });
+    drop(out.w);
+    let mut text = String::new();
+    use std::io::Read as _;
+    File::from(out.r).read_to_string(&mut text).unwrap();
+    (reap(child), text.replace(&format!("({child}:"), "(CHILD:"))
+}
+
+#[test]
+fn each_problem_kind_is_reported_once() {
+    let _g = serial();
+    let p = platform();
+    let (status, text) = stderr_of(|| {
         p.refresh_identity();
         p.report(Problem::StuckSeqlock { slot: 1 });
         p.report(Problem::StuckSeqlock { slot: 2 });
@@ -466,20 +479,29 @@ fn each_problem_kind_is_reported_once() {
         p.report(Problem::Underflow { dev: 3 });
         0
     });
-    drop(out.w);
-    let mut text = String::new();
-    use std::io::Read as _;
-    File::from(out.r).read_to_string(&mut text).unwrap();
-    assert_eq!(reap(child), 0);
+    assert_eq!(status, 0);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
-    let prefix = format!("[HAMI-core Warn({child})]: ");
     for l in &lines {
-        assert!(l.starts_with(&prefix), "{l}");
+        assert!(l.starts_with("[HAMI-core Warn(CHILD:"), "{l}");
     }
     assert!(lines[0].contains("slot 1"), "{}", lines[0]);
     assert!(lines[1].contains("recovered"), "{}", lines[1]);
     assert!(lines[2].contains("device 3"), "{}", lines[2]);
+}
+
+#[test]
+fn problems_are_not_reported_below_the_warning_level() {
+    let _g = serial();
+    let p = platform();
+    let (status, text) = stderr_of(|| {
+        vgpu::log::set_level(1);
+        p.refresh_identity();
+        p.report(Problem::LockStolen);
+        0
+    });
+    assert_eq!(status, 0);
+    assert_eq!(text, "", "LIBCUDA_LOG_LEVEL=1 means errors only");
 }
 
 // ---------------------------------------------------------------------------------------------
