@@ -109,6 +109,37 @@ pub fn consume<P: Platform>(b: &SmBucket, platform: &P, cost: u64) -> u64 {
     }
 }
 
+/// How long a controller lease lasts unless renewed: a holder that dies or hangs is replaced
+/// after this.
+pub const LEASE_MS: u64 = 1_000;
+
+/// Whether a lease whose expiry is `expiry` (monotonic milliseconds, wrapping at 32 bits) still
+/// runs at `now_ms`: it expires within the next [`LEASE_MS`]. Anything else is stale, whatever
+/// the wrap: a fresh bucket's 0 (holder 0) once the clock has passed 2^31 ms (24.8 days of
+/// uptime), or a holder that died weeks ago. Comparing only "expiry before now" across the
+/// wrap would leave such a lease unexpired for 24.8 days, and the device without a controller.
+fn lease_runs(expiry: u32, now_ms: u64) -> bool {
+    let ahead = expiry.wrapping_sub(now_ms as u32);
+    ahead != 0 && u64::from(ahead) <= LEASE_MS
+}
+
+/// Takes or renews the device's controller lease for process `me` (nonzero) at `now_ms`; true if
+/// `me` holds it now. The lease is one CAS on a 64-bit word (holder in the high 32 bits, expiry
+/// in the low 32), so of processes that race for a free lease exactly one wins, and nobody holds
+/// a lock while the winner reads NVML. A holder that stalls past its expiry may be replaced and
+/// then steer one more period beside its successor: two controllers briefly, never none.
+pub fn take_lease(b: &SmBucket, me: u32, now_ms: u64) -> bool {
+    let cur = b.lease.load(Ordering::Relaxed);
+    let holder = (cur >> 32) as u32;
+    if holder != me && holder != 0 && lease_runs(cur as u32, now_ms) {
+        return false;
+    }
+    let next = (u64::from(me) << 32) | u64::from((now_ms + LEASE_MS) as u32);
+    b.lease
+        .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
 /// What the controller saw over one period.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sample {
@@ -548,6 +579,56 @@ mod tests {
             lease: crate::sync::AtomicU64::new(0),
             spent: crate::sync::AtomicU64::new(0),
         }
+    }
+
+    #[test]
+    fn a_lease_is_held_until_it_expires_then_taken_over() {
+        let b = bucket(0, 0);
+        let t = 5_000;
+        assert!(take_lease(&b, 7, t), "a fresh bucket's lease is free");
+        assert!(!take_lease(&b, 8, t + 1), "held by 7");
+        assert!(take_lease(&b, 7, t + 500), "7 renews");
+        assert!(
+            !take_lease(&b, 8, t + 500 + LEASE_MS - 1),
+            "renewed at +500"
+        );
+        assert!(
+            take_lease(&b, 8, t + 500 + LEASE_MS),
+            "expired: 8 takes over"
+        );
+        assert!(!take_lease(&b, 7, t + 500 + LEASE_MS), "7 has lost it");
+    }
+
+    /// Monotonic milliseconds pass 2^31 after 24.8 days of uptime and wrap at 49.7 days. Judged
+    /// by "expiry before now" alone, a fresh bucket's lease (0) looked unexpired from then on, so
+    /// no process ever controlled the device (mutation: that rule fails this test).
+    #[test]
+    fn a_lease_works_at_any_uptime() {
+        let day = 86_400_000u64;
+        for now in [
+            1,
+            24 * day,
+            25 * day,
+            40 * day,
+            (1 << 32) - 1,
+            1 << 32,
+            60 * day,
+            400 * day,
+        ] {
+            let b = bucket(0, 0);
+            assert!(take_lease(&b, 7, now), "fresh lease at {} days", now / day);
+            assert!(!take_lease(&b, 8, now + 999), "held at {} days", now / day);
+            assert!(
+                take_lease(&b, 8, now + 1000),
+                "expired at {} days",
+                now / day
+            );
+        }
+        // A holder that died 30 days ago: its expiry is 30 days behind, which the wrap makes
+        // look 19.7 days ahead; it is stale.
+        let b = bucket(0, 0);
+        assert!(take_lease(&b, 7, day));
+        assert!(take_lease(&b, 8, 31 * day), "a month-old lease is stale");
     }
 
     #[test]

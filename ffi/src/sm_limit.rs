@@ -26,8 +26,6 @@ use crate::runtime::{self, Runtime};
 static LIMITED: AtomicU32 = AtomicU32::new(0);
 /// Period of the controller.
 const PERIOD_NS: u64 = 200_000_000;
-/// A lease outlives its holder by this much before another process takes over.
-const LEASE_MS: u64 = 1_000;
 /// Longest the priority gate holds a launch (the monitor lifts it within seconds).
 const GATE_MAX_NS: u64 = 10_000_000_000;
 
@@ -90,23 +88,6 @@ fn priority_gate(rt: &Runtime) {
     rt.region.recent_kernel.store(2, Ordering::Relaxed);
 }
 
-/// Takes or renews the controller lease of a device; true if we hold it.
-fn hold_lease(rt: &Runtime, dev: usize) -> bool {
-    let lease = &rt.region.uuids[dev].bucket.lease;
-    let now_ms = rt.platform.now_ns() / 1_000_000;
-    let me = rt.platform.self_id().pid() as u32 as u64;
-    let cur = lease.load(Ordering::Relaxed);
-    let (holder, expiry) = (cur >> 32, cur as u32);
-    let expired = (now_ms as u32).wrapping_sub(expiry) as i32 >= 0;
-    if holder != me && !expired {
-        return false;
-    }
-    let next = (me << 32) | u64::from((now_ms + LEASE_MS) as u32);
-    lease
-        .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-        .is_ok()
-}
-
 fn controller_loop(rt: &'static Runtime, mask: u32) {
     let mut controllers: [Option<Controller>; ABI_DEVS] = [None; ABI_DEVS];
     let mut last_spent = [0u64; ABI_DEVS];
@@ -124,7 +105,8 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             let spent = b.spent.load(Ordering::Relaxed);
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
-            if !hold_lease(rt, dev) {
+            let me = rt.platform.self_id().pid() as u32;
+            if !bucket::take_lease(b, me, now / 1_000_000) {
                 controllers[dev] = None;
                 continue;
             }
