@@ -2,8 +2,9 @@
 //! platform (a region file mmap'd from a temp dir, glibc's `sem_t`, `fcntl` record locks, forked
 //! processes), against the plain operation they replace where one exists.
 //!
-//! The platform and the region file are hami-vgpu's own sources (`ffi/src/platform.rs`,
-//! `ffi/src/region_file.rs`), compiled into this bench with `#[path]`, rather than a dependency
+//! The platform, its logging and the region file are hami-vgpu's own sources
+//! (`ffi/src/platform.rs`, `ffi/src/log.rs`, `ffi/src/region_file.rs`), compiled into this
+//! bench with `#[path]`, rather than a dependency
 //! on hami-vgpu: a bench target builds its dependencies with `panic = "unwind"`, and hami-vgpu is a
 //! cdylib whose outputs carry no hash, so `cargo bench` would write an unwinding `libvgpu.so` over
 //! the release profile's `panic = "abort"` one in target/release (cargo issue 6313), and within
@@ -39,6 +40,9 @@ use hami_shm::slots;
 use platform::LinuxPlatform;
 use region_file::{OpenMode, RegionFile};
 
+#[allow(dead_code, unused_imports, unused_macros)]
+#[path = "../../ffi/src/log.rs"]
+mod log;
 #[allow(dead_code, unused_imports)]
 #[path = "../../ffi/src/platform.rs"]
 mod platform;
