@@ -123,13 +123,17 @@ fn lease_runs(expiry: u32, now_ms: u64) -> bool {
     ahead != 0 && u64::from(ahead) <= LEASE_MS
 }
 
-/// Takes or renews the device's controller lease for process `me` (nonzero) at `now_ms`; true if
-/// `me` holds it now. The lease is one CAS on a 64-bit word (holder in the high 32 bits, expiry
-/// in the low 32), so of processes that race for a free lease exactly one wins, and nobody holds
-/// a lock while the winner reads NVML. A holder that stalls past its expiry may be replaced and
-/// then steer one more period beside its successor: two controllers briefly, never none.
-pub fn take_lease(b: &SmBucket, me: u32, now_ms: u64) -> bool {
-    let cur = b.lease.load(Ordering::Relaxed);
+/// Takes or renews the device's controller lease for process `me` (nonzero); true if `me` holds
+/// it now. `clock_ms` reads the monotonic clock in milliseconds; it is read after the lease, so
+/// a lease that a faster process took meanwhile is never judged by an older time (and taken
+/// from it as if stale). The lease is one CAS on a 64-bit word (holder in the high 32 bits,
+/// expiry in the low 32), so of processes that race for a free lease exactly one wins, and
+/// nobody holds a lock while the winner reads NVML. A holder that stalls past its expiry may be
+/// replaced and then steer one more period beside its successor: two controllers briefly,
+/// never none.
+pub fn take_lease(b: &SmBucket, me: u32, clock_ms: impl FnOnce() -> u64) -> bool {
+    let cur = b.lease.load(Ordering::Acquire);
+    let now_ms = clock_ms();
     let holder = (cur >> 32) as u32;
     if holder != me && holder != 0 && lease_runs(cur as u32, now_ms) {
         return false;
@@ -585,18 +589,18 @@ mod tests {
     fn a_lease_is_held_until_it_expires_then_taken_over() {
         let b = bucket(0, 0);
         let t = 5_000;
-        assert!(take_lease(&b, 7, t), "a fresh bucket's lease is free");
-        assert!(!take_lease(&b, 8, t + 1), "held by 7");
-        assert!(take_lease(&b, 7, t + 500), "7 renews");
+        assert!(take_lease(&b, 7, || t), "a fresh bucket's lease is free");
+        assert!(!take_lease(&b, 8, || t + 1), "held by 7");
+        assert!(take_lease(&b, 7, || t + 500), "7 renews");
         assert!(
-            !take_lease(&b, 8, t + 500 + LEASE_MS - 1),
+            !take_lease(&b, 8, || t + 500 + LEASE_MS - 1),
             "renewed at +500"
         );
         assert!(
-            take_lease(&b, 8, t + 500 + LEASE_MS),
+            take_lease(&b, 8, || t + 500 + LEASE_MS),
             "expired: 8 takes over"
         );
-        assert!(!take_lease(&b, 7, t + 500 + LEASE_MS), "7 has lost it");
+        assert!(!take_lease(&b, 7, || t + 500 + LEASE_MS), "7 has lost it");
     }
 
     /// Monotonic milliseconds pass 2^31 after 24.8 days of uptime and wrap at 49.7 days. Judged
@@ -616,10 +620,18 @@ mod tests {
             400 * day,
         ] {
             let b = bucket(0, 0);
-            assert!(take_lease(&b, 7, now), "fresh lease at {} days", now / day);
-            assert!(!take_lease(&b, 8, now + 999), "held at {} days", now / day);
             assert!(
-                take_lease(&b, 8, now + 1000),
+                take_lease(&b, 7, || now),
+                "fresh lease at {} days",
+                now / day
+            );
+            assert!(
+                !take_lease(&b, 8, || now + 999),
+                "held at {} days",
+                now / day
+            );
+            assert!(
+                take_lease(&b, 8, || now + 1000),
                 "expired at {} days",
                 now / day
             );
@@ -627,8 +639,8 @@ mod tests {
         // A holder that died 30 days ago: its expiry is 30 days behind, which the wrap makes
         // look 19.7 days ahead; it is stale.
         let b = bucket(0, 0);
-        assert!(take_lease(&b, 7, day));
-        assert!(take_lease(&b, 8, 31 * day), "a month-old lease is stale");
+        assert!(take_lease(&b, 7, || day));
+        assert!(take_lease(&b, 8, || 31 * day), "a month-old lease is stale");
     }
 
     #[test]

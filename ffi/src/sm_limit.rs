@@ -106,7 +106,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
             let me = rt.platform.self_id().pid() as u32;
-            if !bucket::take_lease(b, me, now / 1_000_000) {
+            if !bucket::take_lease(b, me, || rt.platform.now_ns() / 1_000_000) {
                 controllers[dev] = None;
                 continue;
             }

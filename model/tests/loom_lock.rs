@@ -12,7 +12,6 @@
 use hami_model::rt::{thread, Arc};
 use hami_model::{model_lock_cfg, ProblemKind, Sim, SimProc};
 use hami_shm::lock::{self, LockConfig};
-use hami_shm::platform::{Liveness, Platform, ProcId};
 use hami_shm::slots;
 use hami_shm::sync::Ordering;
 

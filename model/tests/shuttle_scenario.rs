@@ -16,7 +16,6 @@ use hami_model::scenario::{self, Config, Stats, LIMIT, P, S};
 use hami_model::{model_lock_cfg, SimProc};
 use hami_shm::admission;
 use hami_shm::lock;
-use hami_shm::platform::{Liveness, Platform, ProcId, SemWait};
 use hami_shm::seqlock::{self, Kind};
 use hami_shm::sync::Ordering;
 
