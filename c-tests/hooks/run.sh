@@ -61,6 +61,8 @@ if unshare --time --fork --monotonic 2200000 true 2>/dev/null; then
 else
     rows+=("smlimit-uptime   SKIPPED (unshare --time is not allowed here)")
 fi
+# Without NVML (it cannot be initialised): the limit holds on the launch rate alone.
+t smlimit-no-nvml 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m FAKE_NVML_FAIL=init -- "$build/t_smlimit"
 t hostpid 120 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
 # The same in a pid namespace of its own, where check (c) takes its other branch.
 if unshare --pid --fork --mount-proc true 2>/dev/null; then

@@ -147,8 +147,10 @@ pub fn take_lease(b: &SmBucket, me: u32, clock_ms: impl FnOnce() -> u64) -> bool
 /// What the controller saw over one period.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sample {
-    /// Utilisation of the limited work, in percent (0..=100).
-    pub util: f64,
+    /// Utilisation of the limited work, in percent (0..=100); `None` where NVML gives none
+    /// (no NVML in the container, or a device that does not report it): the limit then holds
+    /// on the work reading alone.
+    pub util: Option<f64>,
     /// Tokens consumed during the period.
     pub consumed: u64,
     /// Length of the period in nanoseconds.
@@ -275,7 +277,6 @@ impl Controller {
 
     /// The setting for the next period, after `s`.
     pub fn step(&mut self, s: Sample) -> Setting {
-        let util = s.util.clamp(0.0, 100.0);
         let launched = if s.period_ns == 0 {
             0.0
         } else {
@@ -325,11 +326,17 @@ impl Controller {
                 self.meter_at_cap(false)
             }
             Phase::Metered { steps } => {
-                let factor = (self.target / util.max(1.0)).clamp(0.25, 2.0);
-                if steps >= NVML_LAG_STEPS && (factor < 1.0 || s.starved) {
-                    // Over the limit in NVML: down. Held back below it: back up (to the cap).
-                    // Below it because the program asks for less: no wind-up.
-                    self.rate *= 1.0 + GAIN * (factor - 1.0);
+                match s.util {
+                    Some(util) => {
+                        let factor = (self.target / util.clamp(1.0, 100.0)).clamp(0.25, 2.0);
+                        if steps >= NVML_LAG_STEPS && (factor < 1.0 || s.starved) {
+                            // Over the limit in NVML: down. Held back below it: back up (to the
+                            // cap). Below it because the program asks for less: no wind-up.
+                            self.rate *= 1.0 + GAIN * (factor - 1.0);
+                        }
+                    }
+                    // No time reading: the work cap alone.
+                    None => self.rate = self.cap(),
                 }
                 self.rate = self.rate.min(self.cap()).max(1.0);
                 if s.starved && steps + 1 >= REMEASURE_EVERY {
@@ -368,6 +375,8 @@ mod tests {
         exponent: f64,
         debt: f64,
         reported: Vec<f64>,
+        /// Whether NVML reports utilisation at all.
+        nvml: bool,
         /// Throughput per period as a share of the capacity, in percent.
         shares: Vec<f64>,
     }
@@ -384,6 +393,7 @@ mod tests {
                 exponent: 0.7,
                 debt: 0.0,
                 reported: Vec::new(),
+                nvml: true,
                 shares: Vec::new(),
             }
         }
@@ -423,7 +433,7 @@ mod tests {
             );
             let seen = self.reported.len().saturating_sub(1 + self.lag);
             Sample {
-                util: self.reported[seen],
+                util: self.nvml.then(|| self.reported[seen]),
                 consumed: done as u64,
                 period_ns: (period_s * 1e9) as u64,
                 starved,
@@ -504,6 +514,25 @@ mod tests {
                 "target {target}: throughput settled at {share:.1}% (NVML {util:.1}%)"
             );
             assert!(util <= target as f64 + 3.0, "NVML {util:.1} above {target}");
+        }
+    }
+
+    /// Without NVML utilisation (no NVML in the container, or a device that reports none) the
+    /// limit still holds, on the work reading alone. The controller used to skip such periods,
+    /// which left the bucket unmetered and the program at 100% (mutation: returning
+    /// `UNMETERED` for `util: None` fails this).
+    #[test]
+    fn without_nvml_the_work_reading_holds_the_limit() {
+        for target in [25, 50, 75] {
+            let gpu = SimGpu {
+                nvml: false,
+                ..SimGpu::h200(5e6, target)
+            };
+            let (_, share) = settle(gpu, target);
+            assert!(
+                (share - target as f64).abs() <= 3.0,
+                "target {target}: throughput settled at {share:.1}% without NVML"
+            );
         }
     }
 
@@ -680,7 +709,7 @@ mod tests {
     fn idle_program_does_not_wind_the_rate_up() {
         let mut c = Controller::new(50);
         let busy = Sample {
-            util: 100.0,
+            util: Some(100.0),
             consumed: 1000,
             period_ns: 1_000_000_000,
             starved: false,
@@ -693,7 +722,7 @@ mod tests {
         assert!(first.forgive_debt);
         for _ in 0..20 {
             let r = c.step(Sample {
-                util: 5.0,
+                util: Some(5.0),
                 consumed: 10,
                 period_ns: 1_000_000_000,
                 starved: false,

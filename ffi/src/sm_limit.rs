@@ -18,7 +18,7 @@ use hami_shm::layout::ABI_DEVS;
 use hami_shm::platform::Platform;
 
 use crate::config::UtilPolicy;
-use crate::log::log_debug;
+use crate::log::{self, log_debug, log_warn};
 use crate::runtime::{self, Runtime};
 
 /// Bit `d` set: region device `d` has an SM limit below 100 (the one relaxed load of the
@@ -26,6 +26,8 @@ use crate::runtime::{self, Runtime};
 static LIMITED: AtomicU32 = AtomicU32::new(0);
 /// Period of the controller.
 const PERIOD_NS: u64 = 200_000_000;
+/// [`log::once`] bit: NVML gives no utilisation for a limited device.
+const ONCE_NO_UTILISATION: u32 = log::ONCE_FIRST_FREE;
 /// Longest the priority gate holds a launch (the monitor lifts it within seconds).
 const GATE_MAX_NS: u64 = 10_000_000_000;
 
@@ -110,9 +112,15 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 controllers[dev] = None;
                 continue;
             }
-            let Some(util) = SOURCE.get().and_then(|f| f(dev)) else {
-                continue;
-            };
+            let util = SOURCE.get().and_then(|f| f(dev));
+            if util.is_none() && log::once(ONCE_NO_UTILISATION) {
+                log_warn!(
+                    "SM limit of device {dev}: NVML reports no utilisation, so the limit holds \
+                     on the rate of launched blocks alone (NVML's view of the GPU's time is not \
+                     checked). Fix: make NVML usable in the container (check that nvidia-smi \
+                     works)"
+                );
+            }
             let starved = bucket::held_back(b, now);
             let limit = rt.region.sm_limit[dev].load(Ordering::Relaxed);
             let c = controllers[dev]
@@ -125,7 +133,8 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             });
             bucket::set_rate(b, set.rate, set.forgive_debt);
             log_debug!(
-                "sm-limit device {dev}: utilisation {util:.0}% (limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s",
+                "sm-limit device {dev}: utilisation {}% (limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s",
+                util.map_or(-1.0, f64::round),
                 period_ns / 1_000_000,
                 if starved { " (held back)" } else { "" },
                 set.rate
