@@ -41,6 +41,22 @@ t() {
     rows+=("$(printf '%-16s %-18s %4s pass %3s fail  rc %-3s %3ss' "$name" "$verdict" "$np" "$nf" "$rc" $((SECONDS - start)))")
 }
 
+# t_unshared NAME TIMEOUT "UNSHARE_OPTIONS" ENV... -- COMMAND...: `t` with COMMAND run under
+# `unshare UNSHARE_OPTIONS`, or a SKIPPED row where this machine does not allow that namespace.
+t_unshared() {
+    local name=$1 limit=$2 opts=$3; shift 3
+    # shellcheck disable=SC2086 # the options are separate words
+    if ! unshare $opts true 2>/dev/null; then
+        rows+=("$(printf '%-16s SKIPPED (unshare %s is not allowed here)' "$name" "$opts")")
+        return
+    fi
+    local -a envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    # shellcheck disable=SC2086
+    t "$name" "$limit" "${envs[@]}" -- unshare $opts "$@"
+}
+
 t limit 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g -- "$build/t_limit"
 t limit-pidns 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_NVML_PID_OFFSET=100000 -- "$build/t_limit"
 t limit-2m-ctx 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=2m -- "$build/t_limit"
@@ -55,22 +71,14 @@ t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit
 # The same on a clock past 2^31 ms (25.5 days of uptime), in a time namespace of its own: the
 # controller lease's expiry wraps at 32 bits, and a wrong comparison there left every device
 # without a controller, unthrottled, on hosts up 24.8 to 49.7 days.
-if unshare --time --fork --monotonic 2200000 true 2>/dev/null; then
-    t smlimit-uptime 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- \
-        unshare --time --fork --monotonic 2200000 "$build/t_smlimit"
-else
-    rows+=("smlimit-uptime   SKIPPED (unshare --time is not allowed here)")
-fi
+t_unshared smlimit-uptime 60 "--time --fork --monotonic 2200000" \
+    CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"
 # Without NVML (it cannot be initialised): the limit holds on the launch rate alone.
 t smlimit-no-nvml 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m FAKE_NVML_FAIL=init -- "$build/t_smlimit"
 t hostpid 120 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
 # The same in a pid namespace of its own, where check (c) takes its other branch.
-if unshare --pid --fork --mount-proc true 2>/dev/null; then
-    t hostpid-pidns 120 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- \
-        unshare --pid --fork --mount-proc "$build/t_hostpid"
-else
-    rows+=("hostpid-pidns    SKIPPED (unshare --pid is not allowed here)")
-fi
+t_unshared hostpid-pidns 120 "--pid --fork --mount-proc" \
+    CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
 if command -v python3 >/dev/null; then
     t ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- python3 "$here/t_ctypes.py"
 else

@@ -102,12 +102,12 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         let now = rt.platform.now_ns();
         let period_ns = now.saturating_sub(last_ns);
         last_ns = now;
+        let me = rt.platform.self_id().pid() as u32;
         for dev in (0..ABI_DEVS).filter(|d| mask & (1 << d) != 0) {
             let b = &rt.region.uuids[dev].bucket;
             let spent = b.spent.load(Ordering::Relaxed);
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
-            let me = rt.platform.self_id().pid() as u32;
             if !bucket::take_lease(b, me, || rt.platform.now_ns() / 1_000_000) {
                 controllers[dev] = None;
                 continue;
