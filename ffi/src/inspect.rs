@@ -240,13 +240,16 @@ pub struct Report {
     pub slots: Vec<Slot>,
 }
 
-fn uuid_string(bytes: &[hami_shm::sync::DataAtomicU8]) -> String {
-    let raw: Vec<u8> = bytes
-        .iter()
+/// The bytes of a region UUID entry's NUL-terminated text (without the NUL).
+pub(crate) fn uuid_bytes(text: &[hami_shm::sync::DataAtomicU8]) -> Vec<u8> {
+    text.iter()
         .map(|b| b.load(Ordering::Relaxed))
         .take_while(|&b| b != 0)
-        .collect();
-    String::from_utf8_lossy(&raw).into_owned()
+        .collect()
+}
+
+fn uuid_string(text: &[hami_shm::sync::DataAtomicU8]) -> String {
+    String::from_utf8_lossy(&uuid_bytes(text)).into_owned()
 }
 
 /// Takes a snapshot of `region`. `liveness` judges a process (normally `LinuxPlatform`'s, in the

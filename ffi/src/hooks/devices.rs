@@ -411,12 +411,7 @@ fn published_uuids(rt: &Runtime) -> Vec<NvmlDev> {
     let n = (region.device_num.load(Ordering::Acquire) as usize).min(ABI_DEVS);
     (0..n)
         .filter_map(|i| {
-            let text: Vec<u8> = region.uuids[i]
-                .text
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .take_while(|&b| b != 0)
-                .collect();
+            let text = crate::inspect::uuid_bytes(&region.uuids[i].text);
             let uuid = String::from_utf8(text).ok().filter(|u| !u.is_empty())?;
             Some(NvmlDev {
                 index: i,
