@@ -842,9 +842,8 @@ pub extern "C" fn find_proc_by_hostpid(hostpid: c_int) -> *mut ProcSlot<ABI_DEVS
 /// The last second this process wrote to `last_kernel_time`.
 static LAST_KERNEL_SECOND: AtomicU64 = AtomicU64::new(0);
 /// Records a kernel launch: raises the region's `last_kernel_time` (epoch seconds) to now, at
-/// most once per `RECORD_KERNEL_INTERVAL` seconds per process (read with the configuration, so
-/// `/overrideEnv` applies). The region's value only grows (upstream's initialiser stores a
-/// possibly older value unconditionally).
+/// most once per `RECORD_KERNEL_INTERVAL` seconds per process. The region's value only grows
+/// (upstream's initialiser stores a possibly older value unconditionally).
 #[no_mangle]
 pub extern "C" fn pre_launch_kernel() {
     ffi((), || {

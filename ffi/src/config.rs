@@ -84,12 +84,11 @@ pub const CONTEXT_SIZE: &str = "HAMI_CONTEXT_SIZE";
 /// The kernel-time recording interval variable.
 pub const KERNEL_INTERVAL: &str = "RECORD_KERNEL_INTERVAL";
 
-/// A context's estimated cost when `HAMI_CONTEXT_SIZE` is unset: what a context costs on a
-/// large GPU before its first measurement.
-pub const DEFAULT_CONTEXT_SIZE: u64 = 256 << 20;
+/// A context's estimated cost when `HAMI_CONTEXT_SIZE` is unset and none has been measured yet.
+const DEFAULT_CONTEXT_SIZE: u64 = 256 << 20;
 
 /// `RECORD_KERNEL_INTERVAL` when unset, in seconds, as in HAMi-core.
-pub const DEFAULT_KERNEL_INTERVAL_S: u64 = 1;
+const DEFAULT_KERNEL_INTERVAL_S: u64 = 1;
 
 /// `GPU_CORE_UTILIZATION_POLICY`: whether the SM limit is enforced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -12,7 +12,9 @@
 //! 3. else identity.
 //!
 //! A device that maps to an index the region does not have (16 and up) is not accounted (one
-//! warning). The map is computed by the first thread that needs it after `cuInit`; other threads
+//! warning). A per-device limit variable set for an index above every one this process's devices
+//! map to (`CUDA_DEVICE_MEMORY_LIMIT_3` on a one-GPU machine) is named in one warning when the
+//! map is computed. The map is computed by the first thread that needs it after `cuInit`; other threads
 //! wait for it (bounded); a nested call on the computing thread gets the fallback (steps 2–3).
 //! If the driver is not initialised yet the fallback is used for that call and the map is
 //! computed on a later one.
