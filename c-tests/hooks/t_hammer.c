@@ -2,7 +2,7 @@
  * t_hammer: HK_PROCS processes (default 32) hammer one limit (HK_LIMIT) with allocations and
  * frees of 16..256 MiB for HK_SECONDS (default 8). Meanwhile one more process takes the region
  * lock and is stopped (SIGSTOP) for the middle third of the run, and 8 hammering processes are
- * SIGKILLed. The GPU's real usage is sampled every 2 ms behind the library's back (the stand-in
+ * SIGKILLed (HK_KILLED). The GPU's real usage is sampled every 2 ms behind the library's back (the stand-in
  * driver's own count, or NVML's process list on a GPU: the parent is not preloaded there, see
  * c-tests/gpu/run.sh) and must stay within the limit throughout; the hammering must go on while
  * the lock holder is stopped (allocations never wait on the region lock); and once everyone is
@@ -13,19 +13,36 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#define KILLED 8
+/* Processes SIGKILLed midway (HK_KILLED, default 8). */
+static int g_killed = 8;
 
 static atomic_ullong g_real_max;
 static atomic_int g_sampling = 1;
+static double g_t0;
+/* The sample where the real usage ran furthest past what the region counted, for the report. */
+static long long g_worst_gap;
+static double g_worst_at;
+static unsigned long long g_worst_real, g_worst_counted;
+static double g_peak_at;
+static unsigned long long g_peak_counted;
 
 static void *sampler(void *arg)
 {
     (void)arg;
     while (atomic_load(&g_sampling)) {
         unsigned long long u = real_used(0);
-        unsigned long long m = atomic_load(&g_real_max);
-        while (u > m && !atomic_compare_exchange_weak(&g_real_max, &m, u))
-            ;
+        unsigned long long c = region_usage(0);
+        if (u > atomic_load(&g_real_max)) {
+            atomic_store(&g_real_max, u);
+            g_peak_at = now_s() - g_t0;
+            g_peak_counted = c;
+        }
+        if ((long long)(u - c) > g_worst_gap) {
+            g_worst_gap = (long long)(u - c);
+            g_worst_at = now_s() - g_t0;
+            g_worst_real = u;
+            g_worst_counted = c;
+        }
         usleep(2000);
     }
     return NULL;
@@ -101,9 +118,13 @@ int main(int argc, char **argv)
         printf("fresh %llu\n", u);
         return u == 0 ? 0 : 1;
     }
-    if (procs < KILLED + 1 || procs > 64)
+    g_killed = (int)env_ull("HK_KILLED", 8);
+    if (procs < g_killed + 1 || procs > 64)
         procs = 32;
     char *self = realpath("/proc/self/exe", NULL);
+    ((void (*)(void))capi("ensure_initialized"))(); /* the region exists before sampling */
+    region();
+    g_t0 = now_s();
     pthread_t t;
     pthread_create(&t, NULL, sampler, NULL);
     int pipes[64][2];
@@ -122,7 +143,7 @@ int main(int argc, char **argv)
     int with_ctx = 0, without = 0;
     long ops_total = 0;
     long ops_in[3] = {0};
-    double t0 = now_s();
+    double t0 = g_t0;
     pid_t holder = -1;
     int phase = 0, killed = 0;
     while (now_s() - t0 < seconds + 15) {
@@ -156,7 +177,7 @@ int main(int argc, char **argv)
             CHECK(WIFSTOPPED(st), "a process takes the region lock and is stopped (at %.1f s)", t);
             phase = 1;
         } else if (phase == 1 && !killed && t > seconds / 2) {
-            for (int i = 0; i < KILLED; i++)
+            for (int i = 0; i < g_killed; i++)
                 kill(pids[i], SIGKILL);
             killed = 1;
         } else if (phase == 1 && t > 2 * seconds / 3) {
@@ -170,14 +191,19 @@ int main(int argc, char **argv)
     }
     int clean = 0;
     for (int i = 0; i < procs; i++)
-        clean += wait_status(pids[i]) == (i < KILLED ? 128 + SIGKILL : 0);
+        clean += wait_status(pids[i]) == (i < g_killed ? 128 + SIGKILL : 0);
     atomic_store(&g_sampling, 0);
     pthread_join(t, NULL);
     INFO("%d processes got a context, %d found none free; %ld operations (%ld before the stop, "
          "%ld while the lock holder was stopped, %ld after)",
          with_ctx, without, ops_total, ops_in[0], ops_in[1], ops_in[2]);
-    CHECK(clean == procs, "every process ended as it should (%d of %d; 8 by SIGKILL)", clean,
-          procs);
+    INFO("peak real usage %llu MiB at %.2f s (counted then %llu MiB)", atomic_load(&g_real_max) / MIB,
+         g_peak_at, g_peak_counted / MIB);
+    INFO("largest excess of real over counted usage: %lld MiB at %.2f s (real %llu MiB, counted "
+         "%llu MiB)",
+         g_worst_gap / (long long)MIB, g_worst_at, g_worst_real / MIB, g_worst_counted / MIB);
+    CHECK(clean == procs, "every process ended as it should (%d of %d; %d by SIGKILL)", clean,
+          procs, g_killed);
     CHECK(with_ctx > 0 && ops_in[1] > 0,
           "the hammering went on while the lock holder was stopped (%ld operations)", ops_in[1]);
     CHECK(atomic_load(&g_real_max) <= limit,

@@ -34,7 +34,8 @@ pub(crate) fn set_exit_slot(region: &'static SharedRegion, slot: usize, me: Proc
     EXIT_SLOT.store(slot, Ordering::Release);
 }
 
-/// Frees our slot, if we have one. Async-signal-safe.
+/// Frees our slot if it counts no memory (else the reapers free it once we are dead; see
+/// [`slots::release_on_exit_if_idle`]). Async-signal-safe.
 fn release_slot() {
     let slot = EXIT_SLOT.swap(usize::MAX, Ordering::AcqRel);
     let region = EXIT_REGION.load(Ordering::Relaxed);
@@ -44,7 +45,7 @@ fn release_slot() {
     // SAFETY: EXIT_REGION only ever holds a `&'static SharedRegion` (set_exit_slot), a mapping
     // that is never unmapped.
     let region: &SharedRegion = unsafe { &*region };
-    slots::release_on_exit(region, slot, ProcId(EXIT_ID.load(Ordering::Relaxed)));
+    slots::release_on_exit_if_idle(region, slot, ProcId(EXIT_ID.load(Ordering::Relaxed)));
 }
 
 extern "C" fn at_exit() {
