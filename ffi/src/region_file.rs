@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use hami_shm::layout::SharedRegion;
-use hami_shm::validate::{classify, Refusal, Verdict, HEADER_LEN};
+use hami_shm::validate::{check_body, classify, Refusal, Verdict, HEADER_LEN};
 
 use crate::region_guard;
 
@@ -704,8 +704,27 @@ fn open_checked(path: &Path, mode: OpenMode) -> Result<Checked, RegionFileError>
 
 /// Opens, validates and maps the region file at `path`. See the module docs for what is checked;
 /// nothing here panics, whatever is at the path. The mapping is guarded against a truncation of
-/// the file ([`crate::region_guard`]).
+/// the file ([`crate::region_guard`]). In [`OpenMode::ReadWrite`] an initialised region whose
+/// fields are garbage ([`check_body`]) is refused too: glibc aborts in `sem_wait` on a garbage
+/// semaphore.
 pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
+    let file = map(path, mode)?;
+    if mode == OpenMode::ReadWrite && matches!(file.verdict, Verdict::Ready | Verdict::LegacyV11) {
+        check_body(file.region()).map_err(|fault| RegionFileError::Layout {
+            path: path.to_path_buf(),
+            refusal: Refusal::CorruptBody(fault),
+        })?;
+    }
+    Ok(file)
+}
+
+/// [`open`] read-write without judging the region's fields, for re-initialising a corrupt one
+/// (`shrreg-tool --create-new`).
+pub fn open_to_reinitialise(path: &Path) -> Result<RegionFile, RegionFileError> {
+    map(path, OpenMode::ReadWrite)
+}
+
+fn map(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
     let Checked {
         fd,
         created,

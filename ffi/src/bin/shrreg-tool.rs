@@ -731,7 +731,9 @@ fn create_new_cmd(path: &Path, force: bool) -> Result<u8, Fail> {
     let (config, errors) = Config::from_process_env();
     config::log_diagnostics(&errors);
     let params = init_params(&config);
-    let file = open_rw(path)?;
+    // A region whose fields are garbage is what --create-new repairs: do not judge them.
+    let file =
+        region_file::open_to_reinitialise(path).map_err(|e| open_error(e, OpenMode::ReadWrite))?;
     let region = file.region();
     let platform = LinuxPlatform::new(file.fd(), SharedRegion::SIZE);
     let verdict = file.verdict();
