@@ -227,12 +227,11 @@ fn repair(e: &'static Entry) {
             }
         }
     }
-    if !fixed {
-        detach(e);
-    }
     REPAIRED.fetch_add(1, Ordering::Relaxed);
     PENDING.store(true, Ordering::Release);
-    if !LOGGED_TRUNCATION.swap(true, Ordering::Relaxed) {
+    if !fixed {
+        detach(e);
+    } else if !LOGGED_TRUNCATION.swap(true, Ordering::Relaxed) {
         with_path(e, |p| {
             log::emit(
                 Level::Warn,
@@ -279,9 +278,10 @@ fn detach(e: &'static Entry) {
                 file!(),
                 line!(),
                 format_args!(
-                    "{path}: the shared region file cannot be extended again after a \
-                     truncation; this process goes on with a private, zeroed copy of the \
-                     region and no longer shares usage with the others: restart it"
+                    "{path}: the shared region file was truncated under this process and \
+                     cannot be extended again (a read-only descriptor, or a full file system); \
+                     this process goes on with a private, zeroed copy of the region and no \
+                     longer shares usage with the others: restart it"
                 ),
             )
         });
