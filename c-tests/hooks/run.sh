@@ -68,6 +68,9 @@ t multi 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g HK_PROCS=8 FAKE_CTX_BYTES=32
 # line, and still refuses past its limit.
 t truncate 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- "$build/t_truncate"
 t sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_sigkill"
+# Off the happy path: a stopped lock holder, a full slot table, sizes near 2^64, dead
+# processes' usage, a stricter limit, no usable region; real usage sampled throughout.
+t failclosed 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_failclosed"
 t devices 120 FAKE_CUDA_DEVICES=2 CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g FAKE_CTX_BYTES=64m -- "$build/t_devices"
 t config 120 -- bash "$here/config.sh" "$build"
 t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"

@@ -19,13 +19,61 @@ use crate::sync::{fence, Ordering};
 /// Re-checks after a rollback, for reservations that failed only because of a concurrent one.
 pub const RETRIES: usize = 2;
 
-/// The request does not fit under the limit.
+/// Why a reservation was refused. Every refusal leaves what was already counted unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OutOfMemory {
-    /// Bytes in use on the device (all live slots) when the request was refused.
-    pub used: u64,
-    /// The device's limit.
-    pub limit: u64,
+pub enum OutOfMemory {
+    /// The device's usage would pass the limit.
+    OverLimit {
+        /// Bytes in use on the device (all live slots) when the request was refused.
+        used: u64,
+        /// The limit that applied (the stricter of the region's and the process's own).
+        limit: u64,
+    },
+    /// The request, added to what the slot already holds, does not fit in 64 bits: counting
+    /// it would wrap the counter and erase the process's usage.
+    TooLarge,
+    /// The process holds no slot in the region (its lock could not be had in time, or every
+    /// slot belongs to a live process), so nothing it allocates could be counted by the others.
+    Unregistered,
+    /// The process has no usable region at all (a file it may not open, a layout it refuses,
+    /// a malformed limit), so a limit it should enforce together with its peers cannot be.
+    NoRegion,
+}
+
+/// The limit that applies when the region says `region` and the process was configured with
+/// `own` (both 0 for none): the stricter one. A process that joins a region created with a
+/// looser (or no) limit keeps its own, and the region's looser value cannot loosen it.
+pub fn stricter_limit(region: u64, own: u64) -> u64 {
+    match (region, own) {
+        (0, l) | (l, 0) => l,
+        (a, b) => a.min(b),
+    }
+}
+
+/// The admission decision for a process that may hold no slot: with a slot, [`try_reserve`]
+/// under the stricter of the two limits; without one, refused whenever a limit applies, since
+/// usage that no peer can see would let the device pass the limit (the private fallback this
+/// replaces let each such process take the whole limit again). With no limit at all there is
+/// nothing to enforce and the request passes uncounted.
+#[allow(clippy::too_many_arguments)]
+pub fn admit<P: Platform, const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    platform: &P,
+    slot: Option<usize>,
+    dev: usize,
+    kind: Kind,
+    bytes: u64,
+    own_limit: u64,
+) -> Result<(), OutOfMemory> {
+    match slot {
+        Some(slot) => try_reserve_within(region, platform, slot, dev, kind, bytes, own_limit),
+        None if dev < D
+            && stricter_limit(region.limit[dev].load(Ordering::Relaxed), own_limit) == 0 =>
+        {
+            Ok(())
+        }
+        None => Err(OutOfMemory::Unregistered),
+    }
 }
 
 /// Sum of `total` on `dev` over slots that belong to a process (pid ≠ 0). Slots freed by C peers'
@@ -52,10 +100,37 @@ pub fn try_reserve<P: Platform, const S: usize, const D: usize>(
     kind: Kind,
     bytes: u64,
 ) -> Result<(), OutOfMemory> {
+    try_reserve_within(region, platform, slot, dev, kind, bytes, 0)
+}
+
+/// [`try_reserve`] under the stricter of the region's limit and `own_limit` (0 for none).
+///
+/// Sizes are checked before anything is counted: a request larger than the limit, or one that
+/// would carry the slot's counters past `u64::MAX`, is refused with nothing changed (a wrapped
+/// counter would read as almost nothing, and its release would erase the process's usage).
+/// The slot's counters have one writer (the caller), so the check cannot be overtaken.
+pub fn try_reserve_within<P: Platform, const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    platform: &P,
+    slot: usize,
+    dev: usize,
+    kind: Kind,
+    bytes: u64,
+    own_limit: u64,
+) -> Result<(), OutOfMemory> {
     let (Some(own), true) = (region.procs.get(slot), dev < D) else {
-        return Err(OutOfMemory { used: 0, limit: 0 });
+        return Err(OutOfMemory::Unregistered);
     };
-    let limit = region.limit[dev].load(Ordering::Relaxed);
+    let limit = stricter_limit(region.limit[dev].load(Ordering::Relaxed), own_limit);
+    if limit != 0 && bytes > limit {
+        return Err(OutOfMemory::OverLimit {
+            used: device_usage(region, dev),
+            limit,
+        });
+    }
+    if !representable(own, dev, kind, bytes) {
+        return Err(OutOfMemory::TooLarge);
+    }
     for _ in 0..=RETRIES {
         write_reporting(platform, own, slot, |s| seqlock::add(s, dev, kind, bytes));
         if limit == 0 {
@@ -73,15 +148,47 @@ pub fn try_reserve<P: Platform, const S: usize, const D: usize>(
         let others = device_usage(region, dev);
         // Retry only if what stood in the way may have been someone's in-flight reservation.
         if others.saturating_add(bytes) > limit {
-            return Err(OutOfMemory {
+            return Err(OutOfMemory::OverLimit {
                 used: others,
                 limit,
             });
         }
     }
-    Err(OutOfMemory {
+    Err(OutOfMemory::OverLimit {
         used: device_usage(region, dev),
         limit,
+    })
+}
+
+/// Whether `bytes` more of `kind` on `dev` fit in the slot's 64-bit counters. Only the slot's
+/// writer adds to them, so for the writer the answer holds until it adds.
+fn representable<const D: usize>(slot: &ProcSlot<D>, dev: usize, kind: Kind, bytes: u64) -> bool {
+    let mem = &slot.used[dev];
+    let fits = |c: &crate::sync::AtomicU64| c.load(Ordering::Relaxed).checked_add(bytes).is_some();
+    fits(&mem.total) && fits(kind.counter(mem))
+}
+
+/// Adds `bytes` of `kind` on `dev` to slot `slot` without checking the limit (the C API's
+/// `add_gpu_device_memory_usage`, which records what a caller already allocated). Refused,
+/// changing nothing, if the counters cannot represent the sum.
+pub fn record<P: Platform, const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    platform: &P,
+    slot: usize,
+    dev: usize,
+    kind: Kind,
+    bytes: u64,
+) -> Result<(), OutOfMemory> {
+    let (Some(own), true) = (region.procs.get(slot), dev < D) else {
+        return Err(OutOfMemory::Unregistered);
+    };
+    write_reporting(platform, own, slot, |s| {
+        if representable(s, dev, kind, bytes) {
+            seqlock::add(s, dev, kind, bytes);
+            Ok(())
+        } else {
+            Err(OutOfMemory::TooLarge)
+        }
     })
 }
 

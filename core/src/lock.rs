@@ -58,15 +58,20 @@ pub struct LockConfig {
     pub max_backoff_ns: u64,
 }
 
+impl LockConfig {
+    /// The defaults, usable in constants.
+    pub const DEFAULT: LockConfig = LockConfig {
+        deadline_ns: 5_000_000_000,
+        orphan_grace_ns: 1_000_000_000,
+        // Waiters poll (see `acquire`); critical sections take microseconds, so a short
+        // ceiling hands the lock on quickly when many processes start at once.
+        max_backoff_ns: 200_000,
+    };
+}
+
 impl Default for LockConfig {
     fn default() -> Self {
-        LockConfig {
-            deadline_ns: 5_000_000_000,
-            orphan_grace_ns: 1_000_000_000,
-            // Waiters poll (see `acquire`); critical sections take microseconds, so a short
-            // ceiling hands the lock on quickly when many processes start at once.
-            max_backoff_ns: 200_000,
-        }
+        Self::DEFAULT
     }
 }
 

@@ -41,7 +41,7 @@ pub enum Kind {
 
 impl Kind {
     /// The per-kind counter of `mem`.
-    fn counter(self, mem: &DeviceMemory) -> &AtomicU64 {
+    pub(crate) fn counter(self, mem: &DeviceMemory) -> &AtomicU64 {
         match self {
             Kind::Context => &mem.context_size,
             Kind::Module => &mem.module_size,

@@ -33,7 +33,7 @@ use hami_shm::layout::{
     STATUS_SUSPENDED, UUID_LEN, UUID_TEXT_LEN,
 };
 use hami_shm::lock::{self, LockConfig, LockError, OwnerGuard};
-use hami_shm::platform::{Liveness, Platform, Problem, SemWait};
+use hami_shm::platform::{Liveness, Platform, SemWait};
 use hami_shm::seqlock::{self, Kind};
 use hami_shm::slots;
 
@@ -545,13 +545,14 @@ fn record(pid: i32, dev: c_int, usage: usize, kind: c_int, add: bool) -> c_int {
     };
     let bytes = usage as u64;
     if add {
-        let Some(slot) = rt.region.procs.get(i) else {
+        let recorded =
+            rt.as_slot_writer(|| admission::record(rt.region, &rt.platform, i, d, k, bytes));
+        if recorded.is_err() {
+            log_warn!(
+                "add_gpu_device_memory_usage of {bytes} bytes on device {dev} for pid {pid} \
+                 refused: the sum with what the slot holds overflows 64 bits; nothing changed"
+            );
             return -1;
-        };
-        let ((), took_over) =
-            rt.as_slot_writer(|| seqlock::write(slot, |s| seqlock::add(s, d, k, bytes)));
-        if took_over {
-            rt.platform.report(Problem::StuckSeqlock { slot: i });
         }
     } else {
         rt.as_slot_writer(|| admission::release(rt.region, &rt.platform, i, d, k, bytes));

@@ -6,10 +6,19 @@
 //! calling `dlsym`) on the same thread gets `None` and calls the real function, and other threads
 //! wait a bounded time. No lock is ever held that the initialising thread could wait on.
 //!
-//! When the region cannot be used (a file we may not open, a layout we refuse, a table full of
-//! live processes, an init lock held past its deadline) the runtime runs *degraded*: it accounts
-//! in a private region of its own, so the limit still holds within this process, and it says so
-//! in one log line.
+//! Fail closed. When the region cannot be used (a file we may not open, a layout we refuse, an
+//! init lock held past its deadline) the process has no way to count its memory where its peers
+//! see it, so every allocation on a limited device is refused (`CUDA_ERROR_OUT_OF_MEMORY`) and
+//! one line says why and what to fix; devices without a limit work as usual. When the region is
+//! fine but the process cannot register in it (the lock is held by a stopped or hung process
+//! past the start-up deadline, or every slot belongs to a live process), it stays unregistered:
+//! allocations on limited devices are refused, and each one first tries to register again with a
+//! short deadline. The private region the runtime keeps for those cases holds only the SM bucket
+//! and never admits memory that a limit applies to: a private account lets every such process
+//! take the whole limit again (3× the limit was measured).
+//!
+//! Registered processes never wait on the region lock while allocating: reaping dead slots
+//! (on a refusal, at start-up and in the usage views) takes the lock only if it is free.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -19,7 +28,7 @@ use hami_shm::admission::{self, OutOfMemory};
 use hami_shm::init::{self, InitOutcome, InitParams};
 use hami_shm::layout::{SharedRegion, ABI_DEVS};
 use hami_shm::lock::{self, LockConfig, LockError, OwnerGuard};
-use hami_shm::platform::Platform;
+use hami_shm::platform::{Platform, ProcId};
 use hami_shm::seqlock::Kind;
 use hami_shm::slots;
 use hami_shm::validate::Verdict;
@@ -32,8 +41,25 @@ use crate::region_file::{self, OpenMode, RegionFile};
 
 /// No slot claimed (yet, or since a fork).
 const NO_SLOT: usize = usize::MAX;
-/// Least time between two reaps triggered by refused reservations.
+/// Least time between two reaps (on refused reservations and in the usage views).
 const REAP_INTERVAL_NS: u64 = 100_000_000;
+/// How long registration waits for the region lock at start-up: critical sections take
+/// microseconds, so only a stopped or hung holder makes it run out.
+const REGISTER_AT_START: LockConfig = LockConfig {
+    deadline_ns: 5_000_000_000,
+    ..LOCK_DEFAULTS
+};
+/// How long an unregistered process waits for the lock when it tries again at an allocation.
+const REGISTER_AGAIN: LockConfig = LockConfig {
+    deadline_ns: 20_000_000,
+    ..LOCK_DEFAULTS
+};
+/// One attempt: reaping never waits.
+const TRY_ONCE: LockConfig = LockConfig {
+    deadline_ns: 0,
+    ..LOCK_DEFAULTS
+};
+const LOCK_DEFAULTS: LockConfig = LockConfig::DEFAULT;
 /// How long to wait for the init lock (a C peer initialises in microseconds).
 const INIT_LOCK_TIMEOUT_NS: u64 = 10_000_000_000;
 /// How long another thread waits for the initialising thread before passing through.
@@ -53,8 +79,11 @@ pub struct Runtime {
     slot: AtomicUsize,
     /// Set in a forked child: identity and slot must be renewed on next use.
     forked: AtomicBool,
-    /// When a refused reservation last reaped.
+    /// When a refused reservation or a view last reaped.
     last_reap_ns: AtomicU64,
+    /// Whether the last registration attempt failed (so the next success is said once, and a
+    /// failure is said once per spell).
+    unregistered: AtomicBool,
     /// Serialises this process's threads around the owner lock (record locks are per process).
     lock_serial: Mutex<()>,
     /// Serialises this process's writers of slot counters: a slot's seqlock admits one writer,
@@ -161,19 +190,21 @@ fn build() -> Runtime {
             if outcome == InitOutcome::AlreadyReady {
                 warn_limit_mismatch(region, &params);
             }
-            if rt.own_slot().is_none() {
-                log_warn!(
-                    "no slot in the shared region {} (all {} belong to live processes); this \
-                     process's usage is enforced within the process only",
-                    rt.config.cache_path.display(),
-                    hami_shm::layout::ABI_SLOTS
-                );
-                return rt.into_private(params);
+            if rt.register(&REGISTER_AT_START).is_some() {
+                rt.reap_if_due();
             }
             rt
         }
         Err(why) => {
-            log_error!("{why}; enforcing the memory limit within this process only");
+            let limited = config.mem_limit.iter().any(Option::is_some);
+            if limited {
+                log_error!(
+                    "{why}; GPU memory is refused on every device with a limit until this is \
+                     fixed (counting it privately would let each process take the whole limit)"
+                );
+            } else {
+                log_error!("{why}; no memory limit is set, so nothing is refused");
+            }
             let rt = Runtime::private(config, &params);
             let _ = rt.own_slot();
             rt
@@ -209,26 +240,61 @@ fn open_shared(
     Ok((file, outcome))
 }
 
+/// Says once, in one line, where this process's limits differ from the region's: the stricter
+/// memory limit applies (see [`admission::stricter_limit`]); the region's SM limit applies.
 fn warn_limit_mismatch(region: &SharedRegion, params: &InitParams<ABI_DEVS>) {
     let m = init::limit_mismatch(region, params);
+    // One entry per run of devices with the same values (usually all of them).
+    let mut runs: Vec<(usize, usize, String)> = Vec::new();
     for d in 0..ABI_DEVS {
+        let theirs = region.limit[d].load(Ordering::Relaxed);
+        let mut what = Vec::new();
         if m.memory & (1 << d) != 0 {
-            log_warn!(
-                "device {d}: this process asks for a memory limit of {} bytes but the shared \
-                 region holds {}, set by the process that created it; the region's limit applies \
-                 (give every process of the container the same CUDA_DEVICE_MEMORY_LIMIT)",
-                params.limits[d],
-                region.limit[d].load(Ordering::Relaxed)
-            );
+            let applied = admission::stricter_limit(theirs, params.limits[d]);
+            what.push(format!(
+                "memory {} here, {} in the region, {} applies",
+                limit_text(params.limits[d]),
+                limit_text(theirs),
+                limit_text(applied)
+            ));
         }
         if m.sm & (1 << d) != 0 {
-            log_warn!(
-                "device {d}: this process asks for an SM limit of {}% but the shared region holds \
-                 {}%; the region's limit applies",
+            what.push(format!(
+                "SM {}% here, {}% in the region, the region's applies",
                 params.sm_limits[d],
                 region.sm_limit[d].load(Ordering::Relaxed)
-            );
+            ));
         }
+        let what = what.join(", ");
+        match runs.last_mut() {
+            Some((_, last, w)) if *last + 1 == d && *w == what => *last = d,
+            _ if what.is_empty() => {}
+            _ => runs.push((d, d, what)),
+        }
+    }
+    if runs.is_empty() {
+        return;
+    }
+    let diffs: Vec<String> = runs
+        .iter()
+        .map(|(a, b, w)| match a == b {
+            true => format!("device {a}: {w}"),
+            false => format!("devices {a}-{b}: {w}"),
+        })
+        .collect();
+    log_warn!(
+        "this process's limits differ from the shared region's ({}); give every process of \
+         the container the same CUDA_DEVICE_MEMORY_LIMIT and CUDA_DEVICE_SM_LIMIT",
+        diffs.join("; ")
+    );
+}
+
+/// A memory limit for a log line: bytes, or "none" for 0.
+fn limit_text(limit: u64) -> String {
+    if limit == 0 {
+        "none".to_string()
+    } else {
+        format!("{limit} bytes")
     }
 }
 
@@ -247,6 +313,7 @@ impl Runtime {
             slot: AtomicUsize::new(NO_SLOT),
             forked: AtomicBool::new(false),
             last_reap_ns: AtomicU64::new(0),
+            unregistered: AtomicBool::new(false),
             lock_serial: Mutex::new(()),
             slot_writer_busy: AtomicBool::new(false),
         }
@@ -261,12 +328,6 @@ impl Runtime {
         Runtime::new(region, platform, config, false)
     }
 
-    fn into_private(self, params: InitParams<ABI_DEVS>) -> Self {
-        let rt = Runtime::private(self.config, &params);
-        let _ = rt.own_slot();
-        rt
-    }
-
     /// Called in a forked child (async-signal-safe: atomics only).
     pub(crate) fn mark_forked(&self) {
         self.slot.store(NO_SLOT, Ordering::Relaxed);
@@ -276,7 +337,8 @@ impl Runtime {
     }
 
     /// Our slot, re-validated: the cached index if it still holds our pid (one relaxed load),
-    /// else found again, else claimed under the owner lock. `None` if no slot can be had.
+    /// else found again, else claimed with a short lock deadline ([`REGISTER_AGAIN`]). `None`
+    /// if no slot can be had now.
     pub fn own_slot(&self) -> Option<usize> {
         let cached = self.slot.load(Ordering::Relaxed);
         if let Some(s) = self.region.procs.get(cached) {
@@ -284,11 +346,15 @@ impl Runtime {
                 return Some(cached);
             }
         }
-        self.own_slot_slow(cached)
+        self.register(&REGISTER_AGAIN)
     }
 
+    /// Finds or claims our slot, waiting for the region lock at most `cfg.deadline_ns`. A
+    /// failure is logged once per spell, in a line that says which obstacle it was; the
+    /// success that ends a spell is logged too.
     #[cold]
-    fn own_slot_slow(&self, cached: usize) -> Option<usize> {
+    fn register(&self, cfg: &LockConfig) -> Option<usize> {
+        let cached = self.slot.load(Ordering::Relaxed);
         if self.forked.swap(false, Ordering::AcqRel) {
             self.platform.refresh_identity();
         }
@@ -298,24 +364,40 @@ impl Runtime {
             process::set_exit_slot(self.region, i, me);
             return Some(i);
         }
-        let claimed = self.with_owner_lock(&LockConfig::default(), |guard| {
+        let claimed = self.with_owner_lock(cfg, |guard| {
             slots::claim(self.region, &self.platform, guard)
         });
+        let path = self.config.cache_path.display();
         match claimed {
             Ok(Ok(i)) => {
                 self.slot.store(i, Ordering::Relaxed);
                 process::set_exit_slot(self.region, i, me);
-                Some(i)
+                if self.unregistered.swap(false, Ordering::Relaxed) {
+                    log_warn!("registered in {path} (slot {i}); allocations are admitted again");
+                }
+                return Some(i);
             }
-            Ok(Err(slots::ClaimError::TableFull)) => None,
-            Err(e) => {
-                log_warn!(
-                    "cannot take the shared region's lock to register this process ({e:?}); \
-                     will retry on the next allocation"
-                );
-                None
-            }
+            _ if self.unregistered.swap(true, Ordering::Relaxed) => {}
+            Ok(Err(slots::ClaimError::TableFull)) => log_warn!(
+                "cannot register in {path}: all {} slots belong to live processes; GPU memory \
+                 on devices with a limit is refused until one frees (tried again at each \
+                 allocation)",
+                hami_shm::layout::ABI_SLOTS
+            ),
+            Err(LockError::Timeout) => log_warn!(
+                "cannot register in {path}: its lock stayed held by pid {} for {} ms (a stopped \
+                 or hung process; `shrreg-tool --print` shows it); GPU memory on devices with a \
+                 limit is refused until the lock frees (tried again at each allocation)",
+                ProcId(self.region.owner_pid.load(Ordering::Relaxed)).pid(),
+                cfg.deadline_ns / 1_000_000
+            ),
+            Err(LockError::SemFailed) => log_error!(
+                "cannot register in {path}: its lock is unusable (the file is corrupt; remove \
+                 it and restart the container's GPU processes); GPU memory on devices with a \
+                 limit is refused"
+            ),
         }
+        None
     }
 
     /// Runs `f` holding the owner lock (this process's threads one at a time).
@@ -331,26 +413,33 @@ impl Runtime {
         Ok(result)
     }
 
-    /// Reserves `bytes` on region device `dev`, or says why not. On refusal, reaps dead slots
-    /// (bounded, with a short lock deadline) and tries once more: usage of SIGKILLed processes
-    /// is reclaimed exactly when it stands in the way.
+    /// Reserves `bytes` on region device `dev` under the stricter of the region's limit and
+    /// this process's own, or says why not ([`admission::admit`]). On refusal over the limit,
+    /// reaps dead slots if the lock is free and tries once more: usage of SIGKILLed processes
+    /// is reclaimed exactly when it stands in the way, and nobody waits for it.
     pub fn reserve(&self, dev: usize, kind: Kind, bytes: u64) -> Result<(), OutOfMemory> {
-        let Some(slot) = self.own_slot() else {
-            return Err(OutOfMemory { used: 0, limit: 0 });
-        };
+        if !self.shared && self.own_limit(dev) != 0 {
+            return Err(OutOfMemory::NoRegion);
+        }
+        let slot = self.own_slot();
         let attempt = || {
             self.as_slot_writer(|| {
-                admission::try_reserve(self.region, &self.platform, slot, dev, kind, bytes)
+                admission::admit(
+                    self.region,
+                    &self.platform,
+                    slot,
+                    dev,
+                    kind,
+                    bytes,
+                    self.own_limit(dev),
+                )
             })
         };
         match attempt() {
-            Ok(()) => Ok(()),
-            Err(oom) => {
-                if !self.reap_due() || self.reap_now() == 0 {
-                    return Err(oom);
-                }
+            Err(OutOfMemory::OverLimit { .. }) if self.reap_due() && self.reap_now() > 0 => {
                 attempt()
             }
+            r => r,
         }
     }
 
@@ -361,6 +450,16 @@ impl Runtime {
                 admission::release(self.region, &self.platform, slot, dev, kind, bytes)
             });
         }
+    }
+
+    /// This process's configured memory limit on region device `dev` (0: none).
+    fn own_limit(&self, dev: usize) -> u64 {
+        self.config
+            .mem_limit
+            .get(dev)
+            .copied()
+            .flatten()
+            .unwrap_or(0)
     }
 
     /// Runs `f`, which writes slot counters, as this process's one slot writer. Waiters spin
@@ -377,19 +476,25 @@ impl Runtime {
         f()
     }
 
-    /// Usage of region device `dev` by every live process.
+    /// Usage of region device `dev` by every live process, as the views (cuMemGetInfo, NVML,
+    /// the C API) report it: dead processes' slots are reaped first, at most once per
+    /// [`REAP_INTERVAL_NS`] and only if the lock is free, so a process that died holding memory
+    /// stops counting without anyone being refused first.
     pub fn usage(&self, dev: usize) -> u64 {
+        self.reap_if_due();
         admission::device_usage(self.region, dev)
     }
 
-    /// The memory limit of region device `dev`, `None` if unlimited.
+    /// The memory limit that applies on region device `dev`: the stricter of the region's and
+    /// this process's own; `None` if neither sets one.
     pub fn limit(&self, dev: usize) -> Option<u64> {
-        let l = self.region.limit.get(dev)?.load(Ordering::Relaxed);
+        let region = self.region.limit.get(dev)?.load(Ordering::Relaxed);
+        let l = admission::stricter_limit(region, self.own_limit(dev));
         (l != 0).then_some(l)
     }
 
-    /// Whether a refused reservation may reap: at most once per [`REAP_INTERVAL_NS`], so a
-    /// program that keeps hitting its limit does not read /proc on every refusal.
+    /// Whether a reap may run now: at most once per [`REAP_INTERVAL_NS`], so a program that
+    /// keeps hitting its limit or polling free memory does not read /proc on every call.
     fn reap_due(&self) -> bool {
         let now = self.platform.now_ns();
         let last = self.last_reap_ns.load(Ordering::Relaxed);
@@ -400,13 +505,27 @@ impl Runtime {
                 .is_ok()
     }
 
-    /// Reaps dead slots now, with a short lock deadline; returns how many were freed.
+    /// Reaps if one is due (see [`Runtime::reap_due`]).
+    fn reap_if_due(&self) {
+        if self.shared && self.reap_due() {
+            self.reap_now();
+        }
+    }
+
+    /// Reaps every dead slot now if the region lock is free (never waits); returns how many
+    /// were freed. The work is bounded by the table: each [`slots::reap`] round frees at most
+    /// its batch, and rounds stop at the first that frees less.
     pub fn reap_now(&self) -> usize {
-        let cfg = LockConfig {
-            deadline_ns: 200_000_000,
-            ..LockConfig::default()
-        };
-        self.with_owner_lock(&cfg, |g| slots::reap(self.region, &self.platform, g))
-            .unwrap_or(0)
+        self.with_owner_lock(&TRY_ONCE, |g| {
+            let mut freed = 0;
+            loop {
+                let n = slots::reap(self.region, &self.platform, g);
+                freed += n;
+                if n < slots::REAP_BATCH {
+                    return freed;
+                }
+            }
+        })
+        .unwrap_or(0)
     }
 }

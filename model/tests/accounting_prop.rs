@@ -26,10 +26,11 @@ use hami_shm::validate::{self, Verdict, HEADER_LEN};
 use proptest::prelude::*;
 
 const SLOTS: usize = 4;
-const DEVS: usize = 2;
+const DEVS: usize = 3;
 const WORKERS: usize = 6;
 const REAPER: usize = MAX_PROCS - 2;
-const LIMITS: [u64; DEVS] = [1000, 600];
+/// Device 2 has no limit, so sizes near `u64::MAX` reach the counters' overflow check there.
+const LIMITS: [u64; DEVS] = [1000, 600, 0];
 
 type R = Sim<SLOTS, DEVS>;
 type P = SimProc<SLOTS, DEVS>;
@@ -57,11 +58,21 @@ enum Op {
     Exit(usize),
 }
 
+/// Request sizes: mostly ordinary, sometimes near `u64::MAX` (a wrapped counter once erased a
+/// process's usage).
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        8 => 1..700u64,
+        1 => (u64::MAX - 1000)..=u64::MAX,
+        1 => (1u64 << 62)..(1u64 << 63),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let p = 0..WORKERS;
     prop_oneof![
         3 => p.clone().prop_map(Op::Claim),
-        6 => (p.clone(), 0..DEVS, 0..3usize, 1..700u64)
+        6 => (p.clone(), 0..DEVS, 0..3usize, size())
             .prop_map(|(p, dev, kind, bytes)| Op::Reserve { p, dev, kind, bytes }),
         4 => (p.clone(), 0..DEVS, 0..3usize, 0..1300u64)
             .prop_map(|(p, dev, kind, per_mille)| Op::Release { p, dev, kind, per_mille }),
@@ -127,7 +138,11 @@ impl Harness {
     }
 
     fn model_usage(&self, dev: usize) -> u64 {
-        self.table.iter().flatten().map(|o| o.total(dev)).sum()
+        self.table
+            .iter()
+            .flatten()
+            .map(|o| o.total(dev))
+            .fold(0, u64::saturating_add)
     }
 
     /// The next acquire will recover a dead owner.
@@ -207,16 +222,28 @@ impl Harness {
                     return;
                 };
                 let before = self.model_usage(dev);
-                let fits = before + bytes <= LIMITS[dev];
+                let mine = self.table[slot].as_ref().unwrap();
+                let representable = mine.total(dev).checked_add(bytes).is_some()
+                    && mine.usage[dev][kind].checked_add(bytes).is_some();
+                let limit = LIMITS[dev];
+                let under_limit =
+                    limit == 0 || u128::from(before) + u128::from(bytes) <= u128::from(limit);
                 let got = admission::try_reserve(p.region(), p, slot, dev, KINDS[kind], bytes);
                 assert_eq!(
                     got.is_ok(),
-                    fits,
-                    "reserve {bytes} at {before}/{}: {got:?}",
-                    LIMITS[dev]
+                    representable && under_limit,
+                    "reserve {bytes} at {before}/{limit}: {got:?}",
                 );
                 if let Err(oom) = got {
-                    assert_eq!((oom.used, oom.limit), (before, LIMITS[dev]));
+                    let want = if limit != 0 && !under_limit {
+                        admission::OutOfMemory::OverLimit {
+                            used: before,
+                            limit,
+                        }
+                    } else {
+                        admission::OutOfMemory::TooLarge
+                    };
+                    assert_eq!(oom, want);
                 } else {
                     let o = self.table[slot].as_mut().unwrap();
                     o.usage[dev][kind] += bytes;
@@ -237,9 +264,9 @@ impl Harness {
                 let held = owner.usage[dev][kind];
                 let total = owner.total(dev);
                 let bytes = if per_mille <= 1000 {
-                    held * per_mille / 1000
+                    (u128::from(held) * u128::from(per_mille) / 1000) as u64
                 } else {
-                    held + per_mille - 1000
+                    held.saturating_add(per_mille - 1000)
                 };
                 admission::release(p.region(), p, slot, dev, KINDS[kind], bytes);
                 // Only what the kind held comes off, from the kind and from the total.
@@ -312,7 +339,11 @@ impl Harness {
         for (dev, limit) in LIMITS.iter().enumerate() {
             let used = admission::device_usage(r, dev);
             assert_eq!(used, self.model_usage(dev), "device {dev} usage {}", ctx());
-            assert!(used <= *limit, "device {dev} over its limit {}", ctx());
+            assert!(
+                *limit == 0 || used <= *limit,
+                "device {dev} over its limit {}",
+                ctx()
+            );
         }
         for (i, o) in self.table.iter().enumerate() {
             let slot = &r.procs[i];

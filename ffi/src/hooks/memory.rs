@@ -21,6 +21,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+use hami_shm::admission::OutOfMemory;
 use hami_shm::seqlock::Kind;
 
 use crate::log::log_debug;
@@ -221,7 +222,11 @@ fn pitch_alloc(
         return call();
     };
     let g = granularity(ord);
-    let guess = round_up(round_up(width, PITCH_GUESS_ALIGN).saturating_mul(height), g);
+    // A pitch × height past 64 bits is refused before anything is counted.
+    let Some(rows) = round_up(width, PITCH_GUESS_ALIGN).checked_mul(height) else {
+        return refused("cuMemAllocPitch", dev, u64::MAX, OutOfMemory::TooLarge);
+    };
+    let guess = round_up(rows, g);
     if let Err(oom) = reserve(a.rt, dev, Kind::Data, guess) {
         return refused("cuMemAllocPitch", dev, guess, oom);
     }
@@ -446,11 +451,7 @@ fn reserved_real(pool: usize) -> Option<u64> {
 
 /// Moves the model's reserve of `pool` to what the driver reports (never below `inuse`). Fails,
 /// changing nothing, if a larger reserve is refused.
-fn reconcile(
-    rt: &Runtime,
-    m: &mut table::PoolMap,
-    pool: usize,
-) -> Result<(), hami_shm::admission::OutOfMemory> {
+fn reconcile(rt: &Runtime, m: &mut table::PoolMap, pool: usize) -> Result<(), OutOfMemory> {
     let (Some(st), Some(real)) = (m.get_mut(&pool), reserved_real(pool)) else {
         return Ok(());
     };
@@ -494,12 +495,7 @@ fn trim_cached(rt: &Runtime, m: &mut table::PoolMap, dev: usize) -> u64 {
 
 /// [`Runtime::reserve`], and if refused, once more after trimming the device's pools of the
 /// memory the application already freed into them.
-pub(crate) fn reserve(
-    rt: &Runtime,
-    dev: usize,
-    kind: Kind,
-    bytes: u64,
-) -> Result<(), hami_shm::admission::OutOfMemory> {
+pub(crate) fn reserve(rt: &Runtime, dev: usize, kind: Kind, bytes: u64) -> Result<(), OutOfMemory> {
     match rt.reserve(dev, kind, bytes) {
         Ok(()) => Ok(()),
         Err(oom) => {
@@ -520,7 +516,7 @@ fn pool_take(
     dev: usize,
     ordinal: CUdevice,
     bytes: u64,
-) -> Result<u64, hami_shm::admission::OutOfMemory> {
+) -> Result<u64, OutOfMemory> {
     table::with_pools(|m| {
         let fresh = table::PoolState {
             dev,
@@ -631,9 +627,9 @@ fn pool_alloc(
     // The driver may have grown the pool by more than the model (its own steps): account what
     // it reports, or give the allocation back if that does not fit.
     let fits = table::with_pools(|m| {
-        if reconcile(a.rt, m, p).is_ok() {
+        let Err(oom) = reconcile(a.rt, m, p) else {
             return Ok(());
-        }
+        };
         undo(k);
         if let Some(st) = m.get_mut(&p) {
             st.inuse = st.inuse.saturating_sub(bytes);
@@ -641,10 +637,7 @@ fn pool_alloc(
         if trim_real(p) {
             let _ = reconcile(a.rt, m, p);
         }
-        Err(hami_shm::admission::OutOfMemory {
-            used: a.rt.usage(dev),
-            limit: a.rt.limit(dev).unwrap_or(0),
-        })
+        Err(oom)
     });
     if let Err(oom) = fits {
         return refused(what, dev, bytes, oom);

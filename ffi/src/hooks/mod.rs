@@ -113,21 +113,27 @@ pub(crate) fn active() -> Option<Active> {
 static FIRST_REFUSAL: AtomicBool = AtomicBool::new(true);
 
 /// Logs a refused allocation (the first at warning level, later ones at info) and returns
-/// `CUDA_ERROR_OUT_OF_MEMORY`.
+/// `CUDA_ERROR_OUT_OF_MEMORY`. The line names the real obstacle: the limit, a size that cannot
+/// be counted, or a process that could not register in the region.
 pub(crate) fn refused(what: &str, dev: usize, bytes: u64, oom: OutOfMemory) -> CUresult {
+    let why = match oom {
+        OutOfMemory::OverLimit { used, limit } => {
+            format!("{used} of {limit} bytes in use (CUDA_DEVICE_MEMORY_LIMIT)")
+        }
+        OutOfMemory::TooLarge => "the size cannot be counted beside what this process holds \
+             (it overflows 64 bits)"
+            .to_string(),
+        OutOfMemory::Unregistered => "this process is not registered in the shared region \
+             (see the earlier line)"
+            .to_string(),
+        OutOfMemory::NoRegion => {
+            "the shared region cannot be used (see the earlier line)".to_string()
+        }
+    };
     if FIRST_REFUSAL.swap(false, Ordering::Relaxed) {
-        log_warn!(
-            "Device {dev} OOM: {what} of {bytes} bytes refused, {} of {} bytes in use \
-             (CUDA_DEVICE_MEMORY_LIMIT)",
-            oom.used,
-            oom.limit
-        );
+        log_warn!("Device {dev} OOM: {what} of {bytes} bytes refused, {why}");
     } else {
-        log_info!(
-            "Device {dev} OOM {} / {}: {what} of {bytes} bytes refused",
-            oom.used,
-            oom.limit
-        );
+        log_info!("Device {dev} OOM: {what} of {bytes} bytes refused, {why}");
     }
     CUresult::OUT_OF_MEMORY
 }
