@@ -28,10 +28,10 @@
 use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use crate::log::{self, Level};
 
@@ -358,14 +358,15 @@ pub fn same_file(fd: RawFd, path: &Path) -> Option<bool> {
     }
 }
 
-/// The library's own region: its descriptor and path, for [`check_replaced`].
-static LIBRARY_REGION: OnceLock<(RawFd, std::path::PathBuf)> = OnceLock::new();
+/// The library's own region: its descriptor and path, for [`check_replaced`] (the last one
+/// leaked; the library leaks one).
+static LIBRARY_REGION: Mutex<Option<(RawFd, PathBuf)>> = Mutex::new(None);
 static LAST_REPLACED_CHECK_NS: AtomicU64 = AtomicU64::new(0);
 static LOGGED_REPLACED: AtomicBool = AtomicBool::new(false);
 
 /// Records the region the process keeps for its life (`RegionFile::leak`).
 pub(crate) fn set_library_region(fd: RawFd, path: &Path) {
-    let _ = LIBRARY_REGION.set((fd, path.to_path_buf()));
+    *LIBRARY_REGION.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd, path.to_path_buf()));
 }
 
 /// Whether the library's region file was replaced or removed at its path, looked at most once a
@@ -373,7 +374,11 @@ pub(crate) fn set_library_region(fd: RawFd, path: &Path) {
 /// paths (reaping, the memory views): attached processes keep the old file, newcomers use the
 /// new one, so their usage is no longer counted together.
 pub fn check_replaced(now_ns: u64) -> bool {
-    let Some((fd, path)) = LIBRARY_REGION.get() else {
+    let Some((fd, path)) = LIBRARY_REGION
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+    else {
         return false;
     };
     let last = LAST_REPLACED_CHECK_NS.load(Ordering::Relaxed);
@@ -384,7 +389,7 @@ pub fn check_replaced(now_ns: u64) -> bool {
     {
         return false;
     }
-    if same_file(*fd, path) != Some(false) {
+    if same_file(fd, &path) != Some(false) {
         return false;
     }
     if !LOGGED_REPLACED.swap(true, Ordering::Relaxed) {

@@ -931,6 +931,30 @@ fn a_replaced_file_is_noticed() {
 }
 
 #[test]
+fn the_library_region_replaced_at_its_path_is_reported_at_most_once_a_second() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    let p = path.clone();
+    let t = dir.join("new");
+    // In a child: the library's region is recorded once per process (`leak`).
+    let got = in_child(move || {
+        use vgpu::region_guard::check_replaced;
+        let _region = region_file::open(&p, OpenMode::ReadWrite)
+            .map_err(|_| 60)?
+            .leak();
+        let s = 1_000_000_000u64;
+        let before = check_replaced(10 * s);
+        fs::write(&t, b"").map_err(|_| 61)?;
+        fs::rename(&t, &p).map_err(|_| 62)?;
+        let too_soon = check_replaced(10 * s + s / 2);
+        let seen = check_replaced(11 * s + 1);
+        Ok(format!("{before} {too_soon} {seen}"))
+    });
+    assert_eq!(got, Ok("false false true".to_string()));
+}
+
+#[test]
 fn a_0444_file_is_described_as_it_is() {
     let _g = serial();
     let dir = TempDir::new();

@@ -1387,5 +1387,8 @@ fn a_file_truncated_under_the_tool_never_crashes_it() {
         signalled.len()
     );
     assert!(signalled.is_empty(), "runs killed by signals {signalled:?}");
-    assert!(cuts.load(Ordering::Relaxed) >= 200, "the file was cut under the runs");
+    assert!(
+        cuts.load(Ordering::Relaxed) >= 200,
+        "the file was cut under the runs"
+    );
 }
