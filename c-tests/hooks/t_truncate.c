@@ -111,20 +111,6 @@ static int hold(const char *limit_env)
     return finish();
 }
 
-static int count_lines(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    char line[2048];
-    int n = 0;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, needle))
-            n++;
-    fclose(f);
-    return n;
-}
-
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "hold") == 0) {
