@@ -446,7 +446,8 @@ mod tests {
 
     #[test]
     fn each_garbage_field_is_named() {
-        let cases: [(&dyn Fn(&Region<3, 2>), BodyFault); 8] = [
+        type Spoil = dyn Fn(&Region<3, 2>);
+        let cases: [(&Spoil, BodyFault); 8] = [
             (
                 &|r| r.sem.words[1].store(0x1234_5678, Ordering::Relaxed),
                 BodyFault::OwnerSem {

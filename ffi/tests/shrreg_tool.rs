@@ -1357,7 +1357,8 @@ fn a_file_truncated_under_the_tool_never_crashes_it() {
                 // Whole for a moment (so runs open and read it), then cut to nothing or to one
                 // page and written back.
                 std::thread::sleep(Duration::from_micros(500));
-                f.set_len(if n % 2 == 0 { 0 } else { 4096 }).unwrap();
+                f.set_len(if n.is_multiple_of(2) { 0 } else { 4096 })
+                    .unwrap();
                 f.write_all_at(&bytes, 0).unwrap();
                 cuts.fetch_add(1, Ordering::Relaxed);
                 n += 1;
