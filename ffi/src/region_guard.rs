@@ -251,6 +251,10 @@ fn repair(e: &'static Entry) {
 /// Maps zero pages over the whole mapping: this process then keeps a private region.
 fn detach(e: &'static Entry) {
     let base = e.base.load(Ordering::Acquire);
+    if base == FREE || base == FILLING {
+        // Unregistered meanwhile (its owner is unmapping it): nothing of ours to replace.
+        return;
+    }
     let len = e.len.load(Ordering::Relaxed);
     let prot = if e.writable.load(Ordering::Relaxed) {
         libc::PROT_READ | libc::PROT_WRITE
