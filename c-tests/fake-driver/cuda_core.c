@@ -902,8 +902,10 @@ unsigned long long fakeGpuRealUsed(int physical_dev)
     unsigned long long v = 0;
     pthread_mutex_lock(&g_mu);
     struct fake_state *s = test_state();
-    if (s && physical_dev >= 0 && physical_dev < FAKE_MAX_DEV)
+    if (s && physical_dev >= 0 && physical_dev < FAKE_MAX_DEV) {
+        fake_prune_dead(s);
         v = atomic_load(&s->dev[physical_dev].used);
+    }
     pthread_mutex_unlock(&g_mu);
     return v;
 }

@@ -345,6 +345,7 @@ static CUresult mem_info(size_t *free_out, size_t *total_out)
     if (r)
         return r;
     uint64_t total = g_cfg.mem_total[c->phys];
+    fake_prune_dead(g_st);
     uint64_t used = atomic_load(&g_st->dev[c->phys].used);
     *total_out = total;
     *free_out = used < total ? total - used : 0;

@@ -314,6 +314,7 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
 static void mem_numbers(int i, uint64_t *total, uint64_t *used, uint64_t *free_)
 {
     *total = g_ncfg.mem_total[i];
+    fake_prune_dead(g_nst);
     *used = atomic_load(&g_nst->dev[i].used);
     *free_ = *used < *total ? *total - *used : 0;
 }

@@ -212,11 +212,31 @@ static void proc_wipe(struct fake_state *s, int idx)
     }
 }
 
+/* Whether `pid` is gone or a zombie: a real driver frees a process's memory as the process
+ * exits (its device files close before it turns zombie), not when its parent reaps it. */
+static int fake_pid_gone(int32_t pid)
+{
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 1;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *state = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+    return state && (state[2] == 'Z' || state[2] == 'X');
+}
+
 void fake_prune_dead(struct fake_state *s)
 {
     for (int i = 0; i < FAKE_MAX_PROC; i++) {
         int32_t pid = atomic_load(&s->proc[i].pid);
-        if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
+        if (pid <= 0 || !fake_pid_gone(pid))
             continue;
         /* The CAS makes exactly one pruner wipe it. */
         if (atomic_compare_exchange_strong(&s->proc[i].pid, &pid, -1)) {

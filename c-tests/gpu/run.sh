@@ -98,6 +98,12 @@ if [ -x "$bin/t_limit" ]; then
     row c-8-processes "$verdict" "$(grep -o 'allocations admitted, [0-9]* refused' "$log" | head -1); $(grep -o 'max [0-9]* MiB <= [0-9]* MiB' "$log" | head -1); $detail"
     step sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=4g HK_LIMIT=4g -- "$bin/t_sigkill"
     row c-sigkill "$verdict" "$(grep -o 'the next one got [0-9]* MiB + context [0-9]* MiB' "$log" | head -1); $detail"
+    # 32 processes hammer 8 GiB; one holds the region lock stopped for a third of the run and 8
+    # are SIGKILLed; NVML's real usage sampled every 2 ms; a fresh process sees no phantom.
+    # HAMI_CONTEXT_SIZE=1g: contexts reserve more than they cost until context admission lands.
+    step hammer-32 180 CUDA_DEVICE_MEMORY_LIMIT=8g HK_LIMIT=8g HK_PROCS=32 HK_SECONDS=12 \
+        HAMI_CONTEXT_SIZE=1g -- "$bin/t_hammer"
+    row c-hammer-32 "$verdict" "$(grep -o 'peak [0-9]* MiB of [0-9]*' "$log" | head -1); $(grep -o '[0-9]* processes got a context' "$log" | head -1); $(grep -o '[0-9]* while the lock holder was stopped' "$log" | head -1); $(grep -o 'fresh [0-9]*' "$log" | head -1); $detail"
     step config 120 -- bash "$root/c-tests/hooks/config.sh" "$bin"
     row c-bad-config "$verdict" "$detail"
     if [ "$ngpu" -ge 2 ]; then

@@ -71,6 +71,8 @@ t sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CO
 # Off the happy path: a stopped lock holder, a full slot table, sizes near 2^64, dead
 # processes' usage, a stricter limit, no usable region; real usage sampled throughout.
 t failclosed 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_failclosed"
+# 32 processes hammer 2 GiB while a lock holder is stopped and 8 of them are SIGKILLed.
+t hammer 120 CUDA_DEVICE_MEMORY_LIMIT=2g HK_LIMIT=2g HK_PROCS=32 HK_SECONDS=6 FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hammer"
 t devices 120 FAKE_CUDA_DEVICES=2 CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g FAKE_CTX_BYTES=64m -- "$build/t_devices"
 t config 120 -- bash "$here/config.sh" "$build"
 t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"

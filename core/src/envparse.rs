@@ -1,8 +1,8 @@
-//! HAMi-core's number syntax for limits, read strictly.
+//! HAMi-core's number syntax for limits, read strictly, plus the unit spellings people write.
 //!
 //! HAMi-core reads `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` and `CUDA_DEVICE_SM_LIMIT[_<i>]` with
 //! `strtoul(s, &end, 0)` and then looks at the *last character* of the string for a `G`/`g`, `M`/`m`
-//! or `K`/`k` multiplier (2³⁰, 2²⁰, 2¹⁰). Every well-formed value means the same here as there:
+//! or `K`/`k` multiplier (2³⁰, 2²⁰, 2¹⁰). Every value it reads correctly means the same here:
 //!
 //! | text          | value                           |
 //! |---------------|---------------------------------|
@@ -14,11 +14,18 @@
 //! | `0x10m`       | 16 MiB                          |
 //! | `010m`        | **8 MiB**: a leading `0` means octal, exactly as `strtoul` with base 0 reads it |
 //!
-//! What the C code silently misreads is refused here with a [`ParseError`] that says why and what to
-//! write instead: an empty value, a sign (`-1` would be `ULONG_MAX`), an unknown suffix or trailing
-//! junk (`1gb` and `1Gi` would be 1 *byte*, `1.5g` would be 1 GiB), a space before the suffix, bad
-//! digits (`0x`, `08`) and overflow (of the number or after the multiplier, which C turns into 0,
-//! i.e. no limit).
+//! A size may also carry the longer unit spellings of Kubernetes and of everyday use, which the
+//! C code misreads as bytes (`1gb` is 1 byte there): the unit letter `k`, `m`, `g` or `t` in
+//! either case, alone or followed by `b`, `i` or `ib` in any case. So `1gb`, `1GB`, `1GiB`, `1Gi`,
+//! `1G`, `1024MiB`, `512Mi`, `1tb`, `1kb`, `1KiB` are all accepted, and **every unit is 1024-based**
+//! (`1GB` is 2³⁰ bytes, not 10⁹), as HAMi-core's `g`/`m`/`k` are: one meaning per letter, whatever
+//! follows it. After a `0x` number a bare `b` is a hex digit (`0x1b` is 27 bytes), as in C.
+//!
+//! Everything else is refused with a [`ParseError`] that says why and what to write instead: an
+//! empty value, a sign (`-1` would be `ULONG_MAX` in C), an unknown suffix or trailing junk
+//! (`1gbx`, `lots`, `12abc`; `1.5g` would be 1 GiB in C), a space before the unit, bad digits
+//! (`0x`, `08`) and overflow (of the number or after the multiplier, which C turns into 0, i.e.
+//! no limit).
 //!
 //! Leading and trailing ASCII whitespace (C's `isspace` set) is trimmed. One deliberate difference
 //! from the C code: it only sees a suffix in the last character, so `"1g "` is 1 byte there; here
@@ -33,7 +40,7 @@ use core::fmt;
 /// What the text was supposed to be; it picks the wording of an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Expected {
-    /// A byte count with an optional `g`/`m`/`k` suffix ([`parse_size`]).
+    /// A byte count with an optional unit such as `g`, `GiB` or `mb` ([`parse_size`]).
     Size,
     /// An SM percentage, 0 to 100, no suffix ([`parse_percent`]).
     Percent,
@@ -67,16 +74,16 @@ pub enum Problem {
         /// Offset of the `.`.
         at: usize,
     },
-    /// Whitespace between the number (ending at `digits_end`) and a valid suffix at `suffix_at`
-    /// (`4 g`).
+    /// Whitespace between the number (ending at `digits_end`) and a valid unit starting at
+    /// `suffix_at` (`4 g`, `4 GiB`).
     SpaceBeforeSuffix {
         /// Offset just past the last digit.
         digits_end: usize,
-        /// Offset of the suffix character.
+        /// Offset of the unit's first character.
         suffix_at: usize,
     },
-    /// Text after the number that is not a valid suffix, from `at` to the end of the trimmed
-    /// input (`1gb`, `1GiB`, `12abc`, `50%`). C would ignore it, or take `gb` to mean bytes.
+    /// Text after the number that is not a valid unit, from `at` to the end of the trimmed
+    /// input (`1gbx`, `12abc`, `50%`). C would ignore it, or take it to mean bytes.
     Trailing {
         /// Offset of the first unexpected character.
         at: usize,
@@ -94,8 +101,8 @@ pub enum Problem {
 }
 
 /// A refused value: the text, what it should have been, and why not. `Display` gives one clear
-/// sentence with a suggestion, e.g. `"1gb" is not a size: unknown suffix "gb"; write 1g (GiB),
-/// 1024m (MiB), 512k (KiB) or plain bytes`.
+/// sentence with a suggestion, e.g. `"1gbx" is not a size: unknown suffix "gbx"; write a whole
+/// number of bytes, or one with a unit: 4g, 4GiB, 4096m, 512Ki (units k, m, g, t; 1024-based)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParseError<'a> {
     input: &'a str,
@@ -138,7 +145,8 @@ impl<'a> ParseError<'a> {
     }
 }
 
-const SIZE_FORMS: &str = "write 1g (GiB), 1024m (MiB), 512k (KiB) or plain bytes";
+const SIZE_FORMS: &str = "write a whole number of bytes, or one with a unit: 4g, 4GiB, 4096m, \
+                          512Ki (units k, m, g, t; 1024-based)";
 const PERCENT_FORMS: &str = "write a whole number from 0 to 100 (0 and 100 both mean no limit)";
 const PRIORITY_FORMS: &str = "write a whole decimal number such as 0 or 1 (the default)";
 
@@ -158,7 +166,7 @@ impl fmt::Display for ParseError<'_> {
                     (Expected::Size, "-") => write!(
                         f,
                         "a size cannot be negative (C HAMi-core reads -1 as 18446744073709551615 \
-                         bytes); {forms}, or 0 for no limit"
+                         bytes); {forms}"
                     ),
                     _ => write!(
                         f,
@@ -186,12 +194,12 @@ impl fmt::Display for ParseError<'_> {
                 digits_end,
                 suffix_at,
             } => {
-                let start = self.input.len() - trim_start(self.input).len();
+                let (start, end) = trimmed_range(self.input);
                 write!(
                     f,
-                    "a space separates the number from its suffix; write {}{}",
+                    "a space separates the number from its unit; write {}{}",
                     self.slice(start, digits_end),
-                    self.slice(suffix_at, suffix_at + 1)
+                    self.slice(suffix_at, end)
                 )
             }
             Problem::Trailing { at, end } => {
@@ -201,7 +209,7 @@ impl fmt::Display for ParseError<'_> {
                     Expected::Percent if junk == "%" => write!(
                         f,
                         "the \"%\" is implied; write {}",
-                        self.slice(self.input.len() - trim_start(self.input).len(), at)
+                        self.slice(trimmed_range(self.input).0, at)
                     ),
                     _ => write!(f, "unexpected {junk:?} after the number; {forms}"),
                 }
@@ -209,8 +217,7 @@ impl fmt::Display for ParseError<'_> {
             Problem::Overflow => match self.expected {
                 Expected::Size => write!(
                     f,
-                    "it is larger than 18446744073709551615 bytes (16 EiB); write a smaller size, \
-                     or 0 for no limit"
+                    "it is larger than 18446744073709551615 bytes (16 EiB); write a smaller size"
                 ),
                 Expected::Percent => write!(f, "the number is far too large; {forms}"),
                 Expected::Priority => write!(f, "it is outside -2147483648..=2147483647; {forms}"),
@@ -225,11 +232,6 @@ impl fmt::Display for ParseError<'_> {
 /// C's `isspace` in the "C" locale: what `strtoul` skips, and what we trim from both ends.
 fn is_c_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r')
-}
-
-fn trim_start(s: &str) -> &str {
-    let skip = s.bytes().take_while(|&b| is_c_space(b)).count();
-    &s[skip..]
 }
 
 /// The trimmed text as a byte range of `s`.
@@ -282,9 +284,27 @@ fn scan_unsigned(
     Ok((value, i))
 }
 
-/// Parses a byte count in HAMi-core's syntax (see the module docs): `strtoul` base 0 (decimal,
-/// `0x` hexadecimal, leading-`0` octal) and an optional single `G`/`g`, `M`/`m` or `K`/`k`
-/// suffix multiplying by 2³⁰, 2²⁰ or 2¹⁰. Whatever the C code would misread is an error.
+/// The multiplier of a unit: `k`, `m`, `g` or `t` in either case, alone or followed by `b`, `i`
+/// or `ib` in any case; 1024-based whatever follows the letter (module docs).
+fn unit_multiplier(unit: &[u8]) -> Option<u64> {
+    let (first, rest) = unit.split_first()?;
+    let shift = match first.to_ascii_lowercase() {
+        b'k' => 10,
+        b'm' => 20,
+        b'g' => 30,
+        b't' => 40,
+        _ => return None,
+    };
+    let rest_ok = matches!(
+        rest,
+        [] | [b'b' | b'B'] | [b'i' | b'I'] | [b'i' | b'I', b'b' | b'B']
+    );
+    rest_ok.then_some(1u64 << shift)
+}
+
+/// Parses a byte count: `strtoul` base-0 notation as HAMi-core reads it (decimal, `0x`
+/// hexadecimal, leading-`0` octal) and an optional unit (`g`, `GiB`, `mb`, `Ti`, ...; see the
+/// module docs), all 1024-based. Whatever the C code would misread is an error.
 pub fn parse_size(s: &str) -> Result<u64, SizeError<'_>> {
     let err = |problem| ParseError::from_parts(s, Expected::Size, problem);
     let (start, end) = trimmed_range(s);
@@ -296,30 +316,24 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError<'_>> {
         return Err(err(Problem::Sign { at: start }));
     }
     let (value, digits_end) = scan_unsigned(s, start, end, Expected::Size)?;
-    let multiplier_of = |c: u8| match c {
-        b'g' | b'G' => Some(1u64 << 30),
-        b'm' | b'M' => Some(1u64 << 20),
-        b'k' | b'K' => Some(1u64 << 10),
-        _ => None,
-    };
     let multiplier = if digits_end == end {
         1
-    } else if let Some(m) = (digits_end + 1 == end)
-        .then(|| multiplier_of(b[digits_end]))
-        .flatten()
-    {
+    } else if let Some(m) = unit_multiplier(&b[digits_end..end]) {
         m
     } else if b[digits_end] == b'.' {
         return Err(err(Problem::Fraction { at: digits_end }));
-    } else if is_c_space(b[digits_end]) && multiplier_of(b[end - 1]).is_some() && {
-        let gap = &b[digits_end..end - 1];
-        gap.iter().all(|&c| is_c_space(c))
-    } {
-        return Err(err(Problem::SpaceBeforeSuffix {
-            digits_end,
-            suffix_at: end - 1,
-        }));
     } else {
+        let suffix_at = digits_end
+            + b[digits_end..end]
+                .iter()
+                .take_while(|&&c| is_c_space(c))
+                .count();
+        if suffix_at > digits_end && unit_multiplier(&b[suffix_at..end]).is_some() {
+            return Err(err(Problem::SpaceBeforeSuffix {
+                digits_end,
+                suffix_at,
+            }));
+        }
         return Err(err(Problem::Trailing {
             at: digits_end,
             end,
@@ -420,34 +434,50 @@ pub enum LimitSource {
     PerDevice,
     /// The global variable.
     Global,
-    /// Neither was set and well-formed: the default applies.
+    /// No variable decided: the default applies.
     Default,
 }
 
+/// One device's memory limit as configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemLimit {
+    /// No limit: nothing set, or 0 (HAMi-core's "no limit").
+    Unlimited,
+    /// At most this many bytes (never 0).
+    Bytes(u64),
+    /// The deciding variable is malformed. The caller must give the process no GPU memory, never
+    /// no limit: a typo must not lift a limit the operator meant to set.
+    Malformed,
+}
+
 /// One device's memory limit from the texts of its per-device and global variables, the single
-/// place that states the precedence: a well-formed per-device value wins; otherwise a well-formed
-/// global one; otherwise there is no limit. A malformed value counts as unset (the caller reports
-/// it). 0 means no limit, as in HAMi-core. Returns the limit in bytes (`None` = unlimited) and
-/// which variable decided.
+/// place that states the precedence: the per-device variable decides when it is set, else the
+/// global one when it is set, else there is no limit. A set variable decides even when it is
+/// malformed ([`MemLimit::Malformed`]): falling back to another variable would turn a typo into a
+/// different limit, or into none. 0 means no limit, as in HAMi-core. Returns the limit and which
+/// variable decided.
 pub fn device_memory_limit(
     per_device: Option<&str>,
     global: Option<&str>,
-) -> (Option<u64>, LimitSource) {
-    let pick = match (
-        per_device.and_then(|v| parse_size(v).ok()),
-        global.and_then(|v| parse_size(v).ok()),
-    ) {
+) -> (MemLimit, LimitSource) {
+    let (text, src) = match (per_device, global) {
         (Some(v), _) => (v, LimitSource::PerDevice),
         (None, Some(v)) => (v, LimitSource::Global),
-        (None, None) => return (None, LimitSource::Default),
+        (None, None) => return (MemLimit::Unlimited, LimitSource::Default),
     };
-    ((pick.0 != 0).then_some(pick.0), pick.1)
+    let limit = match parse_size(text) {
+        Ok(0) => MemLimit::Unlimited,
+        Ok(n) => MemLimit::Bytes(n),
+        Err(_) => MemLimit::Malformed,
+    };
+    (limit, src)
 }
 
-/// One device's SM limit in percent, with the precedence of [`device_memory_limit`]: a
-/// well-formed per-device value wins, else a well-formed global one, else 100. 0 means no limit
-/// (100), for the global variable as in HAMi-core and, since a 0 % limit would stall every
-/// kernel, for the per-device one too.
+/// One device's SM limit in percent: a well-formed per-device value wins, else a well-formed
+/// global one, else 100. Unlike memory, a malformed value counts as unset: the SM limit shares
+/// time, it cannot make the GPU's memory run out, and there is no "no SM" to fail closed to. 0
+/// means no limit (100), for the global variable as in HAMi-core and, since a 0 % limit would
+/// stall every kernel, for the per-device one too.
 pub fn device_sm_limit(per_device: Option<&str>, global: Option<&str>) -> (u64, LimitSource) {
     let (v, src) = match (
         per_device.and_then(|v| parse_percent(v).ok()),
@@ -519,6 +549,26 @@ mod tests {
             ("18446744073709551615", u64::MAX),
             ("0xffffffffffffffff", u64::MAX),
             ("17179869183g", 17_179_869_183 * G),
+            // The unit spellings people write, all 1024-based.
+            ("1gb", G),
+            ("1GB", G),
+            ("1GiB", G),
+            ("1gib", G),
+            ("1Gi", G),
+            ("1024MiB", G),
+            ("1024mb", G),
+            ("512Mi", 512 * M),
+            ("1tb", 1 << 40),
+            ("1T", 1 << 40),
+            ("1TiB", 1 << 40),
+            ("1k", K),
+            ("1kb", K),
+            ("1KiB", K),
+            ("1Ki", K),
+            ("0x10MiB", 16 * M),
+            ("010GiB", 8 * G),
+            (" 2GiB\n", 2 * G),
+            ("16777215t", 16_777_215 << 40),
         ];
         for &(s, v) in ok {
             assert_eq!(parse_size(s), Ok(v), "{s:?}");
@@ -533,11 +583,15 @@ mod tests {
             ("-1", Problem::Sign { at: 0 }),
             ("+1", Problem::Sign { at: 0 }),
             (" -1g", Problem::Sign { at: 1 }),
-            ("1gb", Problem::Trailing { at: 1, end: 3 }),
-            ("1Gi", Problem::Trailing { at: 1, end: 3 }),
-            ("1GiB", Problem::Trailing { at: 1, end: 4 }),
+            ("1gbx", Problem::Trailing { at: 1, end: 4 }),
+            ("1bg", Problem::Trailing { at: 1, end: 3 }),
+            ("1gi b", Problem::Trailing { at: 1, end: 5 }),
+            ("1GiBs", Problem::Trailing { at: 1, end: 5 }),
+            ("1gg", Problem::Trailing { at: 1, end: 3 }),
+            ("1b", Problem::Trailing { at: 1, end: 2 }),
+            ("1p", Problem::Trailing { at: 1, end: 2 }),
             ("12abc", Problem::Trailing { at: 2, end: 5 }),
-            ("1t", Problem::Trailing { at: 1, end: 2 }),
+            ("lots", Problem::NoDigits),
             ("1.5g", Problem::Fraction { at: 1 }),
             (".5g", Problem::Fraction { at: 0 }),
             (
@@ -547,7 +601,15 @@ mod tests {
                     suffix_at: 2,
                 },
             ),
+            (
+                "1 GiB",
+                Problem::SpaceBeforeSuffix {
+                    digits_end: 1,
+                    suffix_at: 2,
+                },
+            ),
             ("4 5", Problem::Trailing { at: 1, end: 3 }),
+            ("4 gx", Problem::Trailing { at: 1, end: 4 }),
             ("0x", Problem::NoHexDigits),
             ("0xg", Problem::NoHexDigits),
             ("0xz", Problem::NoHexDigits),
@@ -558,9 +620,11 @@ mod tests {
             ("18446744073709551616", Problem::Overflow),
             ("0x10000000000000000", Problem::Overflow),
             ("17179869184g", Problem::Overflow),
+            ("16777216TiB", Problem::Overflow),
+            ("99999999999999999999999gb", Problem::Overflow),
             (
-                "99999999999999999999999gb",
-                Problem::Trailing { at: 23, end: 25 },
+                "99999999999999999999999gbx",
+                Problem::Trailing { at: 23, end: 26 },
             ),
         ];
         for &(s, p) in bad {
@@ -578,11 +642,12 @@ mod tests {
     fn envparse_messages() {
         let cases: &[(&str, &str)] = &[
             (
-                "1gb",
-                "\"1gb\" is not a size: unknown suffix \"gb\"; write 1g (GiB), 1024m (MiB), \
-                 512k (KiB) or plain bytes",
+                "1gbx",
+                "\"1gbx\" is not a size: unknown suffix \"gbx\"; write a whole number of bytes, \
+                 or one with a unit: 4g, 4GiB, 4096m, 512Ki (units k, m, g, t; 1024-based)",
             ),
-            ("4 g", "\"4 g\" is not a size: a space separates the number from its suffix; write 4g"),
+            ("4 g", "\"4 g\" is not a size: a space separates the number from its unit; write 4g"),
+            (" 4 GiB ", "\" 4 GiB \" is not a size: a space separates the number from its unit; write 4GiB"),
             ("08", "\"08\" is not a size: a leading 0 makes the number octal (as C's strtoul reads it) and \"8\" is not an octal digit; write the number without the leading 0"),
         ];
         for &(s, want) in cases {
@@ -591,6 +656,12 @@ mod tests {
         }
         let b = render(&parse_size("-1").unwrap_err());
         assert!(text(&b).contains("cannot be negative"), "{}", text(&b));
+        // What 0 means is the caller's business (no memory limit; the default context estimate):
+        // no size message may promise it.
+        for s in ["-1", "99999999999999999999", "1.5g", "lots", ""] {
+            let b = render(&parse_size(s).unwrap_err());
+            assert!(!text(&b).contains("no limit"), "{}", text(&b));
+        }
         let b = render(&parse_percent("50%").unwrap_err());
         assert_eq!(
             text(&b),
@@ -664,25 +735,30 @@ mod tests {
     #[test]
     fn envparse_device_precedence() {
         use LimitSource::*;
-        assert_eq!(device_memory_limit(None, None), (None, Default));
-        assert_eq!(device_memory_limit(None, Some("1g")), (Some(G), Global));
+        use MemLimit::*;
+        assert_eq!(device_memory_limit(None, None), (Unlimited, Default));
+        assert_eq!(device_memory_limit(None, Some("1g")), (Bytes(G), Global));
         assert_eq!(
             device_memory_limit(Some("2g"), Some("1g")),
-            (Some(2 * G), PerDevice)
+            (Bytes(2 * G), PerDevice)
         );
         assert_eq!(
             device_memory_limit(Some("0"), Some("1g")),
-            (None, PerDevice)
+            (Unlimited, PerDevice)
+        );
+        // A malformed variable that decides is malformed, never a fallback or no limit.
+        assert_eq!(
+            device_memory_limit(Some("2gbx"), Some("1g")),
+            (Malformed, PerDevice)
         );
         assert_eq!(
-            device_memory_limit(Some("2gb"), Some("1g")),
-            (Some(G), Global)
+            device_memory_limit(Some("2g"), Some("1gbx")),
+            (Bytes(2 * G), PerDevice)
         );
-        assert_eq!(
-            device_memory_limit(Some("2gb"), Some("1gb")),
-            (None, Default)
-        );
-        assert_eq!(device_memory_limit(None, Some("0")), (None, Global));
+        assert_eq!(device_memory_limit(None, Some("-1")), (Malformed, Global));
+        assert_eq!(device_memory_limit(None, Some("")), (Malformed, Global));
+        assert_eq!(device_memory_limit(Some(""), None), (Malformed, PerDevice));
+        assert_eq!(device_memory_limit(None, Some("0")), (Unlimited, Global));
         assert_eq!(device_sm_limit(None, None), (100, Default));
         assert_eq!(device_sm_limit(None, Some("0")), (100, Global));
         assert_eq!(device_sm_limit(Some("30"), Some("50")), (30, PerDevice));

@@ -842,29 +842,18 @@ pub extern "C" fn find_proc_by_hostpid(hostpid: c_int) -> *mut ProcSlot<ABI_DEVS
 
 /// The last second this process wrote to `last_kernel_time`.
 static LAST_KERNEL_SECOND: AtomicU64 = AtomicU64::new(0);
-static KERNEL_INTERVAL: OnceLock<u64> = OnceLock::new();
-
-/// `RECORD_KERNEL_INTERVAL` in seconds (default 1, as upstream; a value that is not a positive
-/// integer means 1).
-fn kernel_interval() -> u64 {
-    *KERNEL_INTERVAL.get_or_init(|| {
-        std::env::var("RECORD_KERNEL_INTERVAL")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|&v| v > 0)
-            .unwrap_or(1)
-    })
-}
-
 /// Records a kernel launch: raises the region's `last_kernel_time` (epoch seconds) to now, at
 /// most once per `RECORD_KERNEL_INTERVAL` seconds per process. The region's value only grows
 /// (upstream's initialiser stores a possibly older value unconditionally).
 #[no_mangle]
 pub extern "C" fn pre_launch_kernel() {
     ffi((), || {
+        let Some(rt) = rt() else {
+            return;
+        };
         let now = epoch_seconds();
         let last = LAST_KERNEL_SECOND.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < kernel_interval() {
+        if now.saturating_sub(last) < rt.config.kernel_interval_s {
             return;
         }
         if LAST_KERNEL_SECOND
@@ -873,9 +862,7 @@ pub extern "C" fn pre_launch_kernel() {
         {
             return;
         }
-        if let Some(rt) = rt() {
-            rt.region.last_kernel_time.fetch_max(now, Ordering::AcqRel);
-        }
+        rt.region.last_kernel_time.fetch_max(now, Ordering::AcqRel);
     })
 }
 

@@ -8,15 +8,26 @@
 //!
 //! Semantics, variable by variable:
 //!
-//! - `CUDA_DEVICE_MEMORY_LIMIT_<i>` (i = 0..15) wins over `CUDA_DEVICE_MEMORY_LIMIT`; sizes use
-//!   HAMi-core's syntax ([`hami_shm::envparse::parse_size`]: `1g`, `1024m`, `0x...`, leading-`0`
-//!   octal). 0 means no limit, with a warning, as upstream. A **malformed value is an error and
-//!   counts as unset**: for a per-device variable the global one then applies to that device; for
-//!   the global one (or a per-device one with no usable global) the device gets **no limit** and
-//!   the error line says so ("the limit is not applied"). Upstream would instead silently use a
-//!   misread number (`1gb` = 1 byte, `1.5g` = 1 GiB, `-1` = 16 EiB).
+//! - `CUDA_DEVICE_MEMORY_LIMIT_<i>` (i = 0..15) wins over `CUDA_DEVICE_MEMORY_LIMIT`. Sizes
+//!   ([`hami_shm::envparse::parse_size`]) are HAMi-core's (`1g`, `1024m`, `0x...`, leading-`0`
+//!   octal: `010m` is 8 MiB) plus the unit spellings people write (`1gb`, `1GB`, `1GiB`, `1Gi`,
+//!   `1024MiB`, `512Mi`, `1tb`, `1KiB`, ...), **all 1024-based** (`1GB` = 2³⁰ bytes), as HAMi-core's
+//!   `g`/`m`/`k` are. 0 means no limit, with a warning, as upstream.
+//! - **A malformed memory limit fails closed.** The variable that decides a device's limit (its
+//!   `_<i>` variable when set, else the global one) is used as written: when it does not parse
+//!   (`1gbx`, `-1`, empty, `lots`, `1.5g`, more than 16 EiB) there is no fallback to the other
+//!   variable and never "no limit"; [`Config::mem_limit_malformed`] is set, the process gets no
+//!   GPU memory and does not initialise the region, and one error line names the variable, the
+//!   value and what to write. Upstream silently uses a misread number instead (`1gbx` = 1 byte,
+//!   `1.5g` = 1 GiB, `-1` = 16 EiB, an overflow = no limit), and in its first process that
+//!   number becomes the region's limit for everyone.
+//! - A `CUDA_DEVICE_MEMORY_LIMIT_<n>` or `CUDA_DEVICE_SM_LIMIT_<n>` whose suffix is not a device
+//!   index 0..15 in decimal (`_16`, `_99`, `_x`, `_01`) is ignored with an error line
+//!   ([`Config::from_vars`], which sees every name). An index in range that names no device of
+//!   this process is reported once the driver's device count is known (`hooks::devices`).
 //! - `CUDA_DEVICE_SM_LIMIT[_<i>]`: percent, same precedence; unset or 0 means 100 (no limit);
-//!   above 100 is refused (error, counts as unset).
+//!   above 100 or malformed is refused with an error line and counts as unset (the SM limit
+//!   shares time, so it does not fail closed).
 //! - `CUDA_DEVICE_MEMORY_SHARED_CACHE`: the region file, default `/tmp/cudevshr.cache`; an empty
 //!   value is an error and the default is used.
 //! - `CUDA_TASK_PRIORITY`: a decimal integer, default 1; malformed → error, default used.
@@ -28,16 +39,21 @@
 //!   devices (`Some(vec![])`). The first invalid entry ends the list, as in CUDA, which ignores
 //!   everything from the first invalid entry on (so `-1` hides every device); a warning names it
 //!   unless it is a negative number, the usual way to hide all GPUs.
+//! - `HAMI_CONTEXT_SIZE` (ours): a size, the first estimate of a context's memory before it is
+//!   measured, default 256 MiB; malformed → error, 0 → warning, the default is used.
+//! - `RECORD_KERNEL_INTERVAL`: whole seconds between two updates of the region's
+//!   `last_kernel_time`, default 1; anything else (0 included) → warning, 1 is used.
 //!
 //! `/overrideEnv` ([`OVERRIDE_FILE`]) holds `KEY=VALUE` lines that upstream applies with
 //! `setenv(KEY, VALUE, 1)`. **We never modify the process environment**: the entries are layered
 //! into the lookup instead, winning over the environment exactly as an overwriting `setenv` would
 //! (and, among duplicates, the last line wins). See [`parse_overrides`] for the line syntax.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use hami_shm::envparse::{self, Expected, ParseError, Problem};
+use hami_shm::envparse::{self, Expected, MemLimit, ParseError, Problem};
 
 /// Number of devices with their own limit variables (`_0` .. `_15`), the region's device count.
 pub const MAX_DEVICES: usize = hami_shm::layout::ABI_DEVS;
@@ -63,6 +79,16 @@ pub const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 pub const UTIL_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 /// The device visibility variable (CUDA's own).
 pub const VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// The context estimate variable (ours; see `hooks::context`).
+pub const CONTEXT_SIZE: &str = "HAMI_CONTEXT_SIZE";
+/// The kernel-time recording interval variable.
+pub const KERNEL_INTERVAL: &str = "RECORD_KERNEL_INTERVAL";
+
+/// A context's estimated cost when `HAMI_CONTEXT_SIZE` is unset and none has been measured yet.
+const DEFAULT_CONTEXT_SIZE: u64 = 256 << 20;
+
+/// `RECORD_KERNEL_INTERVAL` when unset, in seconds, as in HAMi-core.
+const DEFAULT_KERNEL_INTERVAL_S: u64 = 1;
 
 /// `GPU_CORE_UTILIZATION_POLICY`: whether the SM limit is enforced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,8 +114,14 @@ pub enum VisibleDevice {
 /// Everything the library reads from its environment, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Memory limit per device in bytes; `None` = unlimited.
+    /// Memory limit per device in bytes, from well-formed values only; `None` = unlimited (or,
+    /// for a device whose deciding variable is malformed, nothing valid: see
+    /// [`Config::mem_limit_malformed`]).
     pub mem_limit: [Option<u64>; MAX_DEVICES],
+    /// A memory-limit variable that decides some device's limit is malformed. The runtime then
+    /// refuses every allocation and does not initialise the region: a typo must never become
+    /// "no limit", for this process or, through the region, for everyone.
+    pub mem_limit_malformed: bool,
     /// SM limit per device in percent; 100 = unlimited.
     pub sm_limit: [u64; MAX_DEVICES],
     /// The shared region file.
@@ -100,6 +132,13 @@ pub struct Config {
     pub util_policy: UtilPolicy,
     /// `CUDA_VISIBLE_DEVICES`; `None` when unset (all devices visible).
     pub visible_devices: Option<Vec<VisibleDevice>>,
+    /// The per-device limit variables set (memory and SM) with their device index, so the
+    /// hooks can name those that no device of this process has once the count is known.
+    pub per_device_vars: Vec<(String, usize)>,
+    /// `HAMI_CONTEXT_SIZE`: a context's estimated cost before it is measured, in bytes.
+    pub context_size: u64,
+    /// `RECORD_KERNEL_INTERVAL`, in seconds (at least 1).
+    pub kernel_interval_s: u64,
 }
 
 impl Default for Config {
@@ -107,11 +146,15 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             mem_limit: [None; MAX_DEVICES],
+            mem_limit_malformed: false,
             sm_limit: [100; MAX_DEVICES],
             cache_path: PathBuf::from(DEFAULT_CACHE_PATH),
             priority: DEFAULT_PRIORITY,
             util_policy: UtilPolicy::Default,
             visible_devices: None,
+            per_device_vars: Vec::new(),
+            context_size: DEFAULT_CONTEXT_SIZE,
+            kernel_interval_s: DEFAULT_KERNEL_INTERVAL_S,
         }
     }
 }
@@ -137,6 +180,16 @@ pub enum ConfigErrorKind {
     },
     /// A memory limit of 0, which means no limit (a warning, as upstream).
     ZeroMeansUnlimited,
+    /// A per-device limit variable whose suffix is not a device index 0..15 in decimal; it is
+    /// ignored (an error). `var` holds the whole name.
+    BadDeviceSuffix {
+        /// The variable it was meant to be a per-device form of.
+        base: &'static str,
+    },
+    /// `HAMI_CONTEXT_SIZE=0`: a context cannot cost nothing; the default is used (a warning).
+    ZeroContextSize,
+    /// `RECORD_KERNEL_INTERVAL` is not a whole number of seconds, at least 1 (a warning).
+    NotSeconds,
     /// `CUDA_DEVICE_SM_LIMIT_<i>=0`: no SM limit on that device (a warning).
     ZeroSmMeansUnlimited,
     /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is empty.
@@ -206,6 +259,7 @@ impl ConfigError {
     pub fn severity(&self) -> Severity {
         match self.kind {
             ConfigErrorKind::Malformed { .. }
+            | ConfigErrorKind::BadDeviceSuffix { .. }
             | ConfigErrorKind::EmptyPath
             | ConfigErrorKind::UnknownPolicy => Severity::Error,
             _ => Severity::Warning,
@@ -234,6 +288,33 @@ impl fmt::Display for ConfigError {
                 f,
                 "{var}={value:?} means no memory limit; unset it to say so, or write a size such \
                  as 4g"
+            )?,
+            ConfigErrorKind::BadDeviceSuffix { base } => {
+                let suffix = var.strip_prefix(base).unwrap_or(var);
+                let suffix = suffix.strip_prefix('_').unwrap_or(suffix);
+                match suffix.parse::<u64>() {
+                    Ok(n) if n >= MAX_DEVICES as u64 && !suffix.starts_with('0') => write!(
+                        f,
+                        "{var}={value:?} names device {n}, but the shared region has devices 0 \
+                         to {} only",
+                        MAX_DEVICES - 1
+                    )?,
+                    _ => write!(
+                        f,
+                        "{var}={value:?}: {suffix:?} is not a device index; write {base}_<i> \
+                         with i from 0 to {} in decimal, or {base} for every device",
+                        MAX_DEVICES - 1
+                    )?,
+                }
+            }
+            ConfigErrorKind::ZeroContextSize => write!(
+                f,
+                "{var}={value:?}: a context cannot be estimated at 0 bytes; unset it for the \
+                 default, or write a size such as 512m"
+            )?,
+            ConfigErrorKind::NotSeconds => write!(
+                f,
+                "{var}={value:?} is not a whole number of seconds (1 or more)"
             )?,
             ConfigErrorKind::ZeroSmMeansUnlimited => write!(
                 f,
@@ -289,6 +370,10 @@ pub fn log_diagnostics(errors: &[ConfigError]) {
     }
 }
 
+/// What a malformed memory limit means for this process, said in its error line.
+const NO_MEMORY: &str =
+    "this process gets no GPU memory (every allocation fails) until it is fixed";
+
 fn per_device(base: &str, i: usize) -> String {
     format!("{base}_{i}")
 }
@@ -300,42 +385,33 @@ impl Config {
         let mut cfg = Config::default();
         let mut errs = Vec::new();
 
-        // Memory limits.
+        // Memory limits: the deciding variable is used as written (module docs).
         let global = lookup(MEMORY_LIMIT);
-        let global_ok = match global.as_deref().map(|v| (v, envparse::parse_size(v))) {
+        let per: [Option<String>; MAX_DEVICES] =
+            std::array::from_fn(|i| lookup(&per_device(MEMORY_LIMIT, i)));
+        match global.as_deref().map(|v| (v, envparse::parse_size(v))) {
             Some((_, Err(e))) => {
-                errs.push(ConfigError::malformed(
-                    MEMORY_LIMIT,
-                    &e,
-                    "the limit is not applied",
-                ));
-                false
+                let outcome = if per.iter().any(Option::is_none) {
+                    NO_MEMORY
+                } else {
+                    "every device has its own limit variable, so it applies to none"
+                };
+                errs.push(ConfigError::malformed(MEMORY_LIMIT, &e, outcome));
             }
-            Some((v, Ok(0))) => {
-                errs.push(ConfigError::new(
-                    MEMORY_LIMIT,
-                    v,
-                    ConfigErrorKind::ZeroMeansUnlimited,
-                    "no memory limit is applied",
-                ));
-                true
-            }
-            Some((_, Ok(_))) => true,
-            None => false,
-        };
-        for i in 0..MAX_DEVICES {
+            Some((v, Ok(0))) => errs.push(ConfigError::new(
+                MEMORY_LIMIT,
+                v,
+                ConfigErrorKind::ZeroMeansUnlimited,
+                "no memory limit is applied",
+            )),
+            _ => {}
+        }
+        for (i, value) in per.iter().enumerate() {
             let name = per_device(MEMORY_LIMIT, i);
-            let value = lookup(&name);
             if let Some(v) = value.as_deref() {
+                cfg.per_device_vars.push((name.clone(), i));
                 match envparse::parse_size(v) {
-                    Err(e) => {
-                        let outcome = if global_ok {
-                            format!("the value is ignored and {MEMORY_LIMIT} applies to device {i}")
-                        } else {
-                            format!("the limit is not applied (device {i} has no memory limit)")
-                        };
-                        errs.push(ConfigError::malformed(&name, &e, outcome));
-                    }
+                    Err(e) => errs.push(ConfigError::malformed(&name, &e, NO_MEMORY)),
                     Ok(0) => errs.push(ConfigError::new(
                         &name,
                         v,
@@ -345,7 +421,11 @@ impl Config {
                     Ok(_) => {}
                 }
             }
-            cfg.mem_limit[i] = envparse::device_memory_limit(value.as_deref(), global.as_deref()).0;
+            match envparse::device_memory_limit(value.as_deref(), global.as_deref()).0 {
+                MemLimit::Bytes(n) => cfg.mem_limit[i] = Some(n),
+                MemLimit::Unlimited => {}
+                MemLimit::Malformed => cfg.mem_limit_malformed = true,
+            }
         }
 
         // SM limits.
@@ -366,6 +446,7 @@ impl Config {
             let name = per_device(SM_LIMIT, i);
             let value = lookup(&name);
             if let Some(v) = value.as_deref() {
+                cfg.per_device_vars.push((name.clone(), i));
                 match envparse::parse_percent(v) {
                     Err(e) => {
                         let outcome = if global_ok {
@@ -458,12 +539,74 @@ impl Config {
             cfg.visible_devices = Some(list);
         }
 
+        // Context estimate.
+        if let Some(v) = lookup(CONTEXT_SIZE) {
+            let default = format!(
+                "using the default context estimate of {} MiB",
+                DEFAULT_CONTEXT_SIZE >> 20
+            );
+            match envparse::parse_size(&v) {
+                Ok(0) => errs.push(ConfigError::new(
+                    CONTEXT_SIZE,
+                    &v,
+                    ConfigErrorKind::ZeroContextSize,
+                    default,
+                )),
+                Ok(n) => cfg.context_size = n,
+                Err(e) => errs.push(ConfigError::malformed(CONTEXT_SIZE, &e, default)),
+            }
+        }
+
+        // Kernel-time interval.
+        if let Some(v) = lookup(KERNEL_INTERVAL) {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => cfg.kernel_interval_s = n,
+                _ => errs.push(ConfigError::new(
+                    KERNEL_INTERVAL,
+                    &v,
+                    ConfigErrorKind::NotSeconds,
+                    format!("using {DEFAULT_KERNEL_INTERVAL_S} second"),
+                )),
+            }
+        }
+
+        (cfg, errs)
+    }
+
+    /// [`Config::from_lookup`] over a whole environment, given as `(NAME, VALUE)` pairs (a later
+    /// pair wins over an earlier one of the same name), plus what only the whole list shows:
+    /// per-device limit variables whose suffix is not a device index (errors, sorted by name,
+    /// after the others).
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> (Config, Vec<ConfigError>) {
+        let map: HashMap<String, String> = vars.into_iter().collect();
+        let (cfg, mut errs) = Config::from_lookup(|name| map.get(name).cloned());
+        let mut stray: Vec<ConfigError> = map
+            .iter()
+            .filter_map(|(name, value)| {
+                let base = [MEMORY_LIMIT, SM_LIMIT]
+                    .into_iter()
+                    .find(|b| name.strip_prefix(b).is_some_and(|r| r.starts_with('_')))?;
+                let index_ok = (0..MAX_DEVICES).any(|i| *name == per_device(base, i));
+                (!index_ok).then(|| {
+                    ConfigError::new(
+                        name,
+                        value,
+                        ConfigErrorKind::BadDeviceSuffix { base },
+                        "the value is ignored",
+                    )
+                })
+            })
+            .collect();
+        stray.sort_by(|a, b| a.var.cmp(&b.var));
+        errs.extend(stray);
         (cfg, errs)
     }
 
     /// Reads the configuration of this process: [`OVERRIDE_FILE`] layered over the environment
     /// (see the module docs; the environment itself is not modified), then
-    /// [`Config::from_lookup`]. Returns the override file's warnings first, then the variables'
+    /// [`Config::from_vars`]. Returns the override file's warnings first, then the variables'
     /// problems; the caller logs them.
     pub fn from_process_env() -> (Config, Vec<ConfigError>) {
         Self::from_env_with_override_file(Path::new(OVERRIDE_FILE))
@@ -472,14 +615,13 @@ impl Config {
     /// [`Config::from_process_env`] with another override file, for tools and tests.
     pub fn from_env_with_override_file(path: &Path) -> (Config, Vec<ConfigError>) {
         let (overrides, mut errs) = load_override_file(path);
-        let (cfg, more) = Config::from_lookup(|name| {
-            overrides
-                .iter()
-                .rev()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-                .or_else(|| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+        let env = std::env::vars_os().map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
         });
+        let (cfg, more) = Config::from_vars(env.chain(overrides));
         errs.extend(more);
         (cfg, errs)
     }

@@ -7,7 +7,7 @@
 //! wait a bounded time. No lock is ever held that the initialising thread could wait on.
 //!
 //! Fail closed. When the region cannot be used (a file we may not open, a layout we refuse, an
-//! init lock held past its deadline) the process has no way to count its memory where its peers
+//! init lock held past its deadline), or the memory limit is malformed, the process has no way to count its memory where its peers
 //! see it, so every allocation on a limited device is refused (`CUDA_ERROR_OUT_OF_MEMORY`) and
 //! one line says why and what to fix; devices without a limit work as usual. When the region is
 //! fine but the process cannot register in it (the lock is held by a stopped or hung process
@@ -177,6 +177,11 @@ fn build() -> Runtime {
     let (config, errors) = Config::from_process_env();
     crate::config::log_diagnostics(&errors);
     let params = init_params(&config);
+    if config.mem_limit_malformed {
+        // The configuration's own line said why; such a process must not create the region
+        // with limits it does not have.
+        return Runtime::private(config, &params);
+    }
     match open_shared(&config, &params) {
         Ok((file, outcome)) => {
             let fd = file.fd();
@@ -418,7 +423,7 @@ impl Runtime {
     /// reaps dead slots if the lock is free and tries once more: usage of SIGKILLed processes
     /// is reclaimed exactly when it stands in the way, and nobody waits for it.
     pub fn reserve(&self, dev: usize, kind: Kind, bytes: u64) -> Result<(), OutOfMemory> {
-        if !self.shared && self.own_limit(dev) != 0 {
+        if !self.shared && (self.config.mem_limit_malformed || self.own_limit(dev) != 0) {
             return Err(OutOfMemory::NoRegion);
         }
         let slot = self.own_slot();

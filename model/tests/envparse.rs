@@ -1,9 +1,12 @@
-//! Property tests of `hami_shm::envparse` against an independent model of HAMi-core's C parser
-//! (`strtoul(s, &end, 0)` plus a multiplier chosen by the string's last character).
+//! Property tests of `hami_shm::envparse` against two independent models: HAMi-core's C parser
+//! (`strtoul(s, &end, 0)` plus a multiplier chosen by the string's last character), which must
+//! agree wherever it reads what was meant, and the documented grammar of sizes (C's numbers plus
+//! the unit spellings `1gb`, `1GiB`, `512Mi`, `1tb`, ...), which must agree everywhere.
 #![cfg(not(any(loom, shuttle)))]
 
 use hami_shm::envparse::{
     device_memory_limit, device_sm_limit, parse_percent, parse_priority, parse_size, LimitSource,
+    MemLimit,
 };
 use proptest::prelude::*;
 
@@ -56,6 +59,41 @@ fn c_model(s: &str) -> Option<u64> {
         n = n.wrapping_neg();
     }
     n.checked_mul(multiplier)
+}
+
+/// The documented size grammar, written from the module docs and independently of the parser:
+/// trimmed of C's whitespace, a number in C's base-0 notation, then nothing or a unit (`k`, `m`,
+/// `g`, `t`, each alone or followed by `b`, `i` or `ib`, in any case; all 1024-based). Returns
+/// the value and the unit as written; `None` outside the grammar or on overflow.
+fn grammar_model(s: &str) -> Option<(u64, String)> {
+    let t = s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r'));
+    let lower = t.to_ascii_lowercase();
+    let mut splits = vec![(t, 0u32, String::new())];
+    for (letter, shift) in [("k", 10), ("m", 20), ("g", 30), ("t", 40)] {
+        for tail in ["", "b", "i", "ib"] {
+            let unit = format!("{letter}{tail}");
+            if lower.ends_with(&unit) {
+                let cut = t.len() - unit.len();
+                splits.push((&t[..cut], shift, t[cut..].to_string()));
+            }
+        }
+    }
+    // No unit starts with a digit of any notation, so at most one split is a number.
+    splits.into_iter().find_map(|(number, shift, unit)| {
+        let n = number_model(number)?;
+        Some((n.checked_mul(1u64 << shift)?, unit))
+    })
+}
+
+/// C's base-0 notation, whole string: `0x`/`0X` hex, a leading `0` octal, else decimal.
+fn number_model(n: &str) -> Option<u64> {
+    let (digits, radix) = match n.strip_prefix("0x").or_else(|| n.strip_prefix("0X")) {
+        Some(h) => (h, 16),
+        None if n.starts_with('0') => (n, 8),
+        None => (n, 10),
+    };
+    let all_digits = !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix));
+    all_digits.then(|| u64::from_str_radix(digits, radix).ok())?
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -128,7 +166,31 @@ fn well_formed() -> impl Strategy<Value = (String, u64)> {
 
 /// Strings near the grammar, where the interesting mistakes live.
 fn near_miss() -> impl Strategy<Value = String> {
-    "[ \t0-9xXa-fgGmMkKiIbB+.%-]{0,14}"
+    "[ \t0-9xXa-fgGmMkKtTiIbBlos+.%-]{0,14}"
+}
+
+/// A number followed by any accepted spelling of a unit: (text, number, multiplier).
+fn with_unit() -> impl Strategy<Value = (String, u64, u64)> {
+    (
+        magnitude(),
+        notation(),
+        prop::sample::select(vec![('k', 10), ('m', 20), ('g', 30), ('t', 40)]),
+        any::<bool>(),
+        prop::sample::select(vec!["", "b", "B", "i", "I", "ib", "iB", "Ib", "IB"]),
+        prop::sample::select(vec!["", " ", "\t\n"]),
+    )
+        .prop_map(|(v, n, (letter, shift), upper, tail, pad)| {
+            let letter = if upper {
+                letter.to_ascii_uppercase()
+            } else {
+                letter
+            };
+            (
+                format!("{pad}{}{letter}{tail}{pad}", render(v, n)),
+                v,
+                1u64 << shift,
+            )
+        })
 }
 
 proptest! {
@@ -141,14 +203,32 @@ proptest! {
         prop_assert_eq!(parse_size(&text), Ok(value), "{:?}", text);
     }
 
-    /// (b) Nothing panics; what is accepted re-renders to the same value, and (with no trailing
-    /// whitespace, which C reads differently by design) C agrees with it.
+    /// Every accepted spelling of N units parses to N × unit (1024-based), or is refused as
+    /// overflow when that does not fit.
+    #[test]
+    fn every_unit_spelling_means_n_times_the_unit((text, n, unit) in with_unit()) {
+        prop_assert_eq!(parse_size(&text).ok(), n.checked_mul(unit), "{:?}", text);
+    }
+
+    /// The parser is the documented grammar: everything inside it parses to its value, and
+    /// every string outside it (or overflowing) is malformed.
+    #[test]
+    fn parser_is_the_grammar(s in prop_oneof![any::<String>(), near_miss(), with_unit().prop_map(|t| t.0)]) {
+        prop_assert_eq!(parse_size(&s).ok(), grammar_model(&s).map(|(v, _)| v), "{:?}", s);
+    }
+
+    /// (b) Nothing panics; what is accepted re-renders to the same value, and where it uses
+    /// HAMi-core's own forms (no unit, or one letter `k`/`m`/`g`) and no trailing whitespace
+    /// (which C reads differently by design), C agrees with it.
     #[test]
     fn arbitrary_input_is_safe(s in prop_oneof![any::<String>(), near_miss()]) {
         if let Ok(n) = parse_size(&s) {
             prop_assert_eq!(parse_size(&format!("{n}")).ok(), Some(n));
             let ends_in_space = s.bytes().last().is_some_and(|b| b.is_ascii_whitespace() || b == 0x0b);
-            if !ends_in_space {
+            let hami_form = grammar_model(&s).is_some_and(|(_, unit)| {
+                matches!(unit.to_ascii_lowercase().as_str(), "" | "k" | "m" | "g")
+            });
+            if !ends_in_space && hami_form {
                 prop_assert_eq!(c_model(&s), Some(n), "C reads {:?} differently", s);
             }
         } else if let Err(e) = parse_size(&s) {
@@ -189,8 +269,9 @@ proptest! {
         prop_assert_eq!(parse_priority(&format!(" {p}\n")).ok(), Some(p));
     }
 
-    /// (c) Per-device precedence over random environments: device i's limit is the `_i` value
-    /// if well-formed, else the global if well-formed, else none; 0 means none.
+    /// (c) Per-device precedence over random environments: device i's limit is decided by the
+    /// `_i` value if set, else by the global one if set, else there is none; 0 means none; a
+    /// deciding value that does not parse is malformed (never a fallback, never no limit).
     #[test]
     fn per_device_precedence(
         global in prop::option::of(prop_oneof![well_formed().prop_map(|(s, _)| s), near_miss()]),
@@ -201,14 +282,17 @@ proptest! {
     ) {
         for (i, p) in per.iter().enumerate() {
             let (got, src) = device_memory_limit(p.as_deref(), global.as_deref());
-            let pd = p.as_deref().and_then(|v| parse_size(v).ok());
-            let gl = global.as_deref().and_then(|v| parse_size(v).ok());
-            let (want, want_src) = match (pd, gl) {
-                (Some(v), _) => (v, LimitSource::PerDevice),
-                (None, Some(v)) => (v, LimitSource::Global),
-                (None, None) => (0, LimitSource::Default),
+            let (decider, want_src) = match (p, &global) {
+                (Some(v), _) => (Some(v), LimitSource::PerDevice),
+                (None, Some(v)) => (Some(v), LimitSource::Global),
+                (None, None) => (None, LimitSource::Default),
             };
-            prop_assert_eq!(got, (want != 0).then_some(want), "device {}", i);
+            let want = match decider.map(|v| grammar_model(v).map(|(n, _)| n)) {
+                None | Some(Some(0)) => MemLimit::Unlimited,
+                Some(Some(n)) => MemLimit::Bytes(n),
+                Some(None) => MemLimit::Malformed,
+            };
+            prop_assert_eq!(got, want, "device {}", i);
             prop_assert_eq!(src, want_src);
 
             let (sm, _) = device_sm_limit(p.as_deref(), global.as_deref());
@@ -236,10 +320,22 @@ fn documented_examples() {
         assert_eq!(parse_size(s), Ok(v), "{s}");
         assert_eq!(c_model(s), Some(v), "{s}");
     }
+    // What C misreads as bytes and we read as meant, 1024-based.
+    for (s, v, c) in [
+        ("1gb", G, 1),
+        ("1GB", G, 1),
+        ("1Gi", G, 1),
+        ("1GiB", G, 1),
+        ("1024MiB", G, 1024),
+        ("1tb", 1 << 40, 1),
+    ] {
+        assert_eq!(parse_size(s), Ok(v), "{s}");
+        assert_eq!(c_model(s), Some(c), "{s}");
+    }
     // What C misreads and we refuse, with what C would have done.
     for (s, c) in [
-        ("1gb", Some(1)),
-        ("1Gi", Some(1)),
+        ("1gbx", Some(1)),
+        ("lots", Some(0)),
         ("1.5g", Some(G)),
         ("-1", Some(u64::MAX)),
         ("08", Some(0)),

@@ -29,7 +29,7 @@ use hami_shm::layout::ABI_DEVS;
 use hami_shm::platform::Platform;
 use hami_shm::seqlock::Kind;
 
-use crate::log::{log_debug, log_error};
+use crate::log::log_debug;
 use crate::platform::{monotonic_ns, ms_between};
 use crate::runtime::Runtime;
 
@@ -39,41 +39,15 @@ use super::table::{self, Key, Record};
 use super::types::*;
 use super::{active, adjust, guard, real, refused};
 
-/// The estimate when nothing better is known.
-pub const DEFAULT_CONTEXT_ESTIMATE: u64 = 256 << 20;
-/// The variable that overrides [`DEFAULT_CONTEXT_ESTIMATE`].
-pub const CONTEXT_SIZE_VAR: &str = "HAMI_CONTEXT_SIZE";
-
 /// The last measured context cost per region device (0 = none yet).
 static LAST_COST: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
-fn configured_estimate() -> u64 {
-    static CACHE: AtomicU64 = AtomicU64::new(0);
-    let c = CACHE.load(Ordering::Relaxed);
-    if c != 0 {
-        return c;
-    }
-    let v = match std::env::var(CONTEXT_SIZE_VAR) {
-        Ok(s) => match hami_shm::envparse::parse_size(&s) {
-            Ok(n) if n > 0 => n,
-            Ok(_) => DEFAULT_CONTEXT_ESTIMATE,
-            Err(e) => {
-                log_error!(
-                    "{CONTEXT_SIZE_VAR}={e}; using the default context estimate of {} MiB",
-                    DEFAULT_CONTEXT_ESTIMATE >> 20
-                );
-                DEFAULT_CONTEXT_ESTIMATE
-            }
-        },
-        Err(_) => DEFAULT_CONTEXT_ESTIMATE,
-    };
-    CACHE.store(v, Ordering::Relaxed);
-    v
-}
 
-fn estimate(dev: usize) -> u64 {
+/// The estimate for a new context on `dev`: the last cost measured there, else the configured
+/// one (`HAMI_CONTEXT_SIZE`, read and reported with the rest of the configuration).
+fn estimate(rt: &Runtime, dev: usize) -> u64 {
     match LAST_COST.get(dev).map(|c| c.load(Ordering::Relaxed)) {
         Some(c) if c != 0 => c,
-        _ => configured_estimate(),
+        _ => rt.config.context_size,
     }
 }
 
@@ -107,7 +81,7 @@ fn create_counted(
     made: impl FnOnce() -> CUcontext,
     undo: impl FnOnce(),
 ) -> (CUresult, u64) {
-    let est = estimate(dev);
+    let est = estimate(rt, dev);
     if let Err(oom) = super::memory::reserve(rt, dev, Kind::Context, est) {
         return (refused(what, dev, est, oom), 0);
     }

@@ -12,7 +12,9 @@
 //! 3. else identity.
 //!
 //! A device that maps to an index the region does not have (16 and up) is not accounted (one
-//! warning). The map is computed by the first thread that needs it after `cuInit`; other threads
+//! warning). A per-device limit variable set for an index above every one this process's devices
+//! map to (`CUDA_DEVICE_MEMORY_LIMIT_3` on a one-GPU machine) is named in one warning when the
+//! map is computed. The map is computed by the first thread that needs it after `cuInit`; other threads
 //! wait for it (bounded); a nested call on the computing thread gets the fallback (steps 2–3).
 //! If the driver is not initialised yet the fallback is used for that call and the map is
 //! computed on a later one.
@@ -385,6 +387,7 @@ fn compute(rt: &Runtime) -> bool {
     if published.is_empty() {
         publish_uuids(rt, queried.unwrap_or_else(nvml_uuids));
     }
+    report_indices_beyond(rt, (n.max(0) as usize).min(MAX_ORDINALS));
     if crate::log::enabled(crate::log::Level::Info) {
         let shown: Vec<String> = (0..(n.max(0) as usize).min(MAX_ORDINALS))
             .map(|o| match MAP[o].load(Ordering::Relaxed) {
@@ -402,6 +405,38 @@ fn compute(rt: &Runtime) -> bool {
         );
     }
     true
+}
+
+/// Names, in one line, the per-device limit variables set for a region index above every one
+/// that this process's `count` CUDA devices map to (`_3` on a one-GPU machine): they limit
+/// nothing here, which is likely a typo.
+fn report_indices_beyond(rt: &Runtime, count: usize) {
+    let mapped: Vec<u8> = MAP[..count]
+        .iter()
+        .map(|m| m.load(Ordering::Relaxed))
+        .filter(|&i| i != UNMAPPED)
+        .collect();
+    let highest = mapped.iter().max().map(|&h| usize::from(h));
+    let beyond: Vec<&str> = rt
+        .config
+        .per_device_vars
+        .iter()
+        .filter(|(_, i)| highest.is_none_or(|h| *i > h))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    if !beyond.is_empty() {
+        let shown: Vec<String> = mapped.iter().map(u8::to_string).collect();
+        log_warn!(
+            "{} set for a device index beyond the {count} CUDA device(s) the driver reports \
+             (region devices: {}); it limits nothing in this process",
+            beyond.join(", "),
+            if shown.is_empty() {
+                "none".to_owned()
+            } else {
+                shown.join(", ")
+            }
+        );
+    }
 }
 
 /// The device UUIDs published in the region, as region device index and text (none if no

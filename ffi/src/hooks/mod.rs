@@ -127,7 +127,9 @@ pub(crate) fn refused(what: &str, dev: usize, bytes: u64, oom: OutOfMemory) -> C
              (see the earlier line)"
             .to_string(),
         OutOfMemory::NoRegion => {
-            "the shared region cannot be used (see the earlier line)".to_string()
+            "this process cannot count its memory where the container's other processes see \
+             it (see the earlier line)"
+                .to_string()
         }
     };
     if FIRST_REFUSAL.swap(false, Ordering::Relaxed) {
