@@ -331,6 +331,20 @@ static __attribute__((unused)) pid_t spawn(char *const argv[], char *const env[]
     return pid;
 }
 
+/* Lines of the file `log` that contain `text`; -1 if it cannot be read. */
+static __attribute__((unused)) int count_lines(const char *log, const char *text)
+{
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, text) != NULL;
+    fclose(f);
+    return n;
+}
+
 /* Waits for `pid`; its exit status, or 128 + signal. */
 static __attribute__((unused)) int wait_status(pid_t pid)
 {

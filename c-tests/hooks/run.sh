@@ -64,6 +64,9 @@ t paths 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- "$build
 t paths-64k 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m FAKE_GPU_GRANULE=64k -- "$build/t_paths"
 t resolve 60 CUDA_DEVICE_MEMORY_LIMIT=1g -- "$build/t_resolve"
 t multi 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g HK_PROCS=8 FAKE_CTX_BYTES=32m HAMI_CONTEXT_SIZE=32m -- "$build/t_multi"
+# The region file cut to 0 under a process holding memory (issue 16): it survives, logs one
+# line, and still refuses past its limit.
+t truncate 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- "$build/t_truncate"
 t sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_sigkill"
 # Off the happy path: a stopped lock holder, a full slot table, sizes near 2^64, dead
 # processes' usage, a stricter limit, no usable region; real usage sampled throughout.

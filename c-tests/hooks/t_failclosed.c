@@ -220,19 +220,6 @@ static int wait_for(const char *log, const char *text, int ms)
     return 0;
 }
 
-/* Lines of `log` that contain `text`. */
-static int count_lines(const char *log, const char *text)
-{
-    FILE *f = fopen(log, "r");
-    if (!f)
-        return -1;
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f))
-        n += strstr(line, text) != NULL;
-    fclose(f);
-    return n;
-}
 
 /* The first line of `log` that contains `text`, into `out`. */
 static void line_of(const char *log, const char *text, char *out, size_t len)

@@ -3,7 +3,8 @@
 //! processes), against the plain operation they replace where one exists.
 //!
 //! The platform, its logging and the region file are hami-vgpu's own sources
-//! (`ffi/src/platform.rs`, `ffi/src/log.rs`, `ffi/src/region_file.rs`), compiled into this
+//! (`ffi/src/platform.rs`, `ffi/src/log.rs`, `ffi/src/region_file.rs` and the SIGBUS guard it
+//! registers its mappings with, `ffi/src/region_guard.rs`), compiled into this
 //! bench with `#[path]`, rather than a dependency
 //! on hami-vgpu: a bench target builds its dependencies with `panic = "unwind"`, and hami-vgpu is a
 //! cdylib whose outputs carry no hash, so `cargo bench` would write an unwinding `libvgpu.so` over
@@ -49,6 +50,9 @@ mod platform;
 #[allow(dead_code, unused_imports)]
 #[path = "../../ffi/src/region_file.rs"]
 mod region_file;
+#[allow(dead_code, unused_imports)]
+#[path = "../../ffi/src/region_guard.rs"]
+mod region_guard;
 
 /// One allocation of the GPU benchmark's size.
 const BYTES: u64 = 2 << 20;

@@ -8,7 +8,10 @@
 
 use core::fmt;
 
-use crate::layout::{ABI_DEVS, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION};
+use crate::layout::{
+    RawSem, Region, ABI_DEVS, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
+};
+use crate::sync::Ordering;
 
 /// Bytes of the file's start that [`classify`] looks at.
 pub const HEADER_LEN: usize = 72;
@@ -16,6 +19,124 @@ pub const HEADER_LEN: usize = 72;
 pub const L1_SHIFT: usize = 32;
 /// glibc's `private` word of a process-shared `sem_t`.
 const GLIBC_SEM_SHARED: u32 = 0x80;
+
+/// Byte counts above this (64 PiB) are garbage: no GPU has that much memory, and an unguarded
+/// subtraction that wrapped (bug B3) lands near 2^64.
+pub const SANE_BYTES_MAX: u64 = 1 << 56;
+/// SM limits above this are garbage (percentages; C peers store what the variable said).
+pub const SANE_SM_LIMIT_MAX: u64 = 0xffff;
+/// A semaphore value or waiter count above this is garbage (the owner lock is a mutex).
+const SANE_SEM_COUNT_MAX: u32 = 1 << 20;
+
+/// What [`check_body`] found wrong in an initialised region's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyFault {
+    /// The owner lock's `sem_t` is not a process-shared semaphore (glibc's futex calls on it
+    /// fail, and glibc aborts the process).
+    OwnerSem {
+        /// Its `private` word.
+        private: u32,
+        /// Its value.
+        value: u32,
+    },
+    /// `sem_postinit` is neither zero (v1.1 left it so) nor a process-shared semaphore.
+    PostInitSem {
+        /// Its `private` word.
+        private: u32,
+    },
+    /// `device_num` is more than the region has devices.
+    DeviceNum(u64),
+    /// A memory limit no GPU has.
+    Limit {
+        /// Device index.
+        dev: usize,
+        /// The value.
+        value: u64,
+    },
+    /// An SM limit that is no percentage.
+    SmLimit {
+        /// Device index.
+        dev: usize,
+        /// The value.
+        value: u64,
+    },
+    /// `proc_num` outside the slot table.
+    ProcNum(i32),
+    /// `owner_pid` holds a negative pid.
+    OwnerPid(u64),
+}
+
+impl fmt::Display for BodyFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            BodyFault::OwnerSem { private, value } => write!(
+                f,
+                "the owner lock's semaphore is not a process-shared semaphore (private word \
+                 {private:#x}, value {value})"
+            ),
+            BodyFault::PostInitSem { private } => write!(
+                f,
+                "sem_postinit is not a process-shared semaphore (private word {private:#x})"
+            ),
+            BodyFault::DeviceNum(n) => write!(f, "device_num is {n}"),
+            BodyFault::Limit { dev, value } => {
+                write!(f, "device {dev}'s memory limit is {value} bytes")
+            }
+            BodyFault::SmLimit { dev, value } => write!(f, "device {dev}'s SM limit is {value}%"),
+            BodyFault::ProcNum(n) => write!(f, "proc_num is {n}"),
+            BodyFault::OwnerPid(raw) => write!(f, "owner_pid is {raw:#x}"),
+        }
+    }
+}
+
+fn sem_is_shared(sem: &RawSem) -> bool {
+    let first = sem.words[0].load(Ordering::Relaxed);
+    sem.glibc_private() == GLIBC_SEM_SHARED
+        && (first as u32) <= SANE_SEM_COUNT_MAX
+        && ((first >> 32) as u32) <= SANE_SEM_COUNT_MAX
+}
+
+/// Checks the fields of an initialised region ([`Verdict::Ready`] or [`Verdict::LegacyV11`])
+/// that every process relies on before it may be used: a header that validates over a body of
+/// garbage (a stray write, a file copied over) made glibc abort in `sem_wait`, or set limits no
+/// GPU has. The slots are not checked here: their pids are judged by liveness and reaped, and a
+/// counter that wrapped (a C peer's bug B3) is one slot's problem, not the region's. Only loads.
+pub fn check_body<const S: usize, const D: usize>(region: &Region<S, D>) -> Result<(), BodyFault> {
+    if !sem_is_shared(&region.sem) {
+        let first = region.sem.words[0].load(Ordering::Relaxed);
+        return Err(BodyFault::OwnerSem {
+            private: region.sem.glibc_private(),
+            value: first as u32,
+        });
+    }
+    let post = region.sem_postinit.glibc_private();
+    if post != 0 && !sem_is_shared(&region.sem_postinit) {
+        return Err(BodyFault::PostInitSem { private: post });
+    }
+    let devices = region.device_num.load(Ordering::Relaxed);
+    if devices > D as u64 {
+        return Err(BodyFault::DeviceNum(devices));
+    }
+    for (dev, (limit, sm)) in region.limit.iter().zip(&region.sm_limit).enumerate() {
+        let value = limit.load(Ordering::Relaxed);
+        if value > SANE_BYTES_MAX {
+            return Err(BodyFault::Limit { dev, value });
+        }
+        let value = sm.load(Ordering::Relaxed);
+        if value > SANE_SM_LIMIT_MAX {
+            return Err(BodyFault::SmLimit { dev, value });
+        }
+    }
+    let procs = region.proc_num.load(Ordering::Relaxed);
+    if procs < 0 || procs as usize > S {
+        return Err(BodyFault::ProcNum(procs));
+    }
+    let owner = region.owner_pid.load(Ordering::Relaxed);
+    if (owner as u32 as i32) < 0 {
+        return Err(BodyFault::OwnerPid(owner));
+    }
+    Ok(())
+}
 
 /// What a usable file holds, and so what the opener must do with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +180,8 @@ pub enum Refusal {
         /// `initialized_flag` found.
         flag: i32,
     },
+    /// The header is valid but the fields behind it are garbage ([`check_body`]).
+    CorruptBody(BodyFault),
 }
 
 impl fmt::Display for Refusal {
@@ -89,6 +212,12 @@ impl fmt::Display for Refusal {
                 f,
                 "first word is {flag:#x}, not a shared region's magic; the file is not a region: \
                  {STALE}"
+            ),
+            Refusal::CorruptBody(fault) => write!(
+                f,
+                "the region's header is valid but {fault}: the file is corrupt (a stray write or \
+                 a file copied over it); {STALE} (it is created again), or run shrreg-tool \
+                 --create-new"
             ),
         }
     }
@@ -284,9 +413,96 @@ mod tests {
             Refusal::ShiftedV11,
             Refusal::UnknownVersion { major: 9, minor: 9 },
             Refusal::WrongMagic { flag: 7 },
+            Refusal::CorruptBody(BodyFault::DeviceNum(99)),
         ] {
             let text = r.to_string();
             assert!(text.contains("delete the file"), "{text}");
         }
+    }
+
+    /// A small region as an initialiser leaves it: both semaphores process-shared.
+    fn initialised() -> Region<3, 2> {
+        let r = Region::<3, 2>::zeroed();
+        for sem in [&r.sem, &r.sem_postinit] {
+            sem.words[0].store(1, Ordering::Relaxed);
+            sem.words[1].store(u64::from(GLIBC_SEM_SHARED), Ordering::Relaxed);
+        }
+        r.device_num.store(2, Ordering::Relaxed);
+        r.limit[0].store(1 << 30, Ordering::Relaxed);
+        r.sm_limit[1].store(100, Ordering::Relaxed);
+        r.proc_num.store(3, Ordering::Relaxed);
+        r.owner_pid.store(0x0000_0007_0000_1234, Ordering::Relaxed);
+        r
+    }
+
+    #[test]
+    fn an_initialised_body_passes_and_a_v11_zeroed_postinit_too() {
+        let r = initialised();
+        assert_eq!(check_body(&r), Ok(()));
+        r.sem_postinit.words[0].store(0, Ordering::Relaxed);
+        r.sem_postinit.words[1].store(0, Ordering::Relaxed);
+        assert_eq!(check_body(&r), Ok(()));
+    }
+
+    #[test]
+    fn each_garbage_field_is_named() {
+        type Spoil = dyn Fn(&Region<3, 2>);
+        let cases: [(&Spoil, BodyFault); 8] = [
+            (
+                &|r| r.sem.words[1].store(0x1234_5678, Ordering::Relaxed),
+                BodyFault::OwnerSem {
+                    private: 0x1234_5678,
+                    value: 1,
+                },
+            ),
+            (
+                &|r| r.sem.words[0].store(0xdead_beef_0000_0001, Ordering::Relaxed),
+                BodyFault::OwnerSem {
+                    private: GLIBC_SEM_SHARED,
+                    value: 1,
+                },
+            ),
+            (
+                &|r| r.sem_postinit.words[1].store(0x7, Ordering::Relaxed),
+                BodyFault::PostInitSem { private: 7 },
+            ),
+            (
+                &|r| r.device_num.store(3, Ordering::Relaxed),
+                BodyFault::DeviceNum(3),
+            ),
+            (
+                &|r| r.limit[1].store(u64::MAX - 5, Ordering::Relaxed),
+                BodyFault::Limit {
+                    dev: 1,
+                    value: u64::MAX - 5,
+                },
+            ),
+            (
+                &|r| r.sm_limit[0].store(1 << 40, Ordering::Relaxed),
+                BodyFault::SmLimit {
+                    dev: 0,
+                    value: 1 << 40,
+                },
+            ),
+            (
+                &|r| r.proc_num.store(4, Ordering::Relaxed),
+                BodyFault::ProcNum(4),
+            ),
+            (
+                &|r| r.owner_pid.store(0xffff_fff0, Ordering::Relaxed),
+                BodyFault::OwnerPid(0xffff_fff0),
+            ),
+        ];
+        for (spoil, want) in cases {
+            let r = initialised();
+            spoil(&r);
+            assert_eq!(check_body(&r), Err(want));
+        }
+        // The largest sane values pass.
+        let r = initialised();
+        r.limit[1].store(SANE_BYTES_MAX, Ordering::Relaxed);
+        r.sm_limit[1].store(SANE_SM_LIMIT_MAX, Ordering::Relaxed);
+        r.device_num.store(2, Ordering::Relaxed);
+        assert_eq!(check_body(&r), Ok(()));
     }
 }

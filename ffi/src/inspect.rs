@@ -40,9 +40,8 @@ use hami_shm::validate::Verdict;
 
 /// glibc's `private` word of a process-shared `sem_t` (`sem_init(s, 1, _)`).
 pub const GLIBC_SEM_SHARED: u32 = 0x80;
-/// Counters or limits above this (64 PiB) are garbage: no GPU has that much memory, and an
-/// unguarded subtraction that wrapped (bug B3) lands near 2^64.
-pub const COUNTER_SANE_MAX: u64 = 1 << 56;
+/// Counters or limits above this (64 PiB) are garbage (see the validation's bound).
+pub const COUNTER_SANE_MAX: u64 = hami_shm::validate::SANE_BYTES_MAX;
 
 /// The file a report is about.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,5 +7,6 @@ pub mod log;
 pub mod platform;
 pub mod process;
 pub mod region_file;
+pub mod region_guard;
 pub mod runtime;
 pub mod sm_limit;

@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use hami_shm::layout::SharedRegion;
-use hami_shm::validate::{classify, Refusal, Verdict, HEADER_LEN};
+use hami_shm::validate::{check_body, classify, Refusal, Verdict, HEADER_LEN};
+
+use crate::region_guard;
 
 /// Mode of a region file we create: every user of the container may attach, as with the C
 /// original.
@@ -89,6 +91,38 @@ pub enum RegionFileError {
         /// `errno` of the failed `mmap`.
         errno: i32,
     },
+    /// Permission was refused (`EACCES`, `EPERM`) opening or creating the file.
+    Denied {
+        /// The path.
+        path: PathBuf,
+        /// `errno` of the failed `open`.
+        errno: i32,
+        /// How we tried to open it.
+        mode: OpenMode,
+        /// The file's owner and permission bits, when it exists (else it could not be created).
+        file: Option<FileOwner>,
+        /// This process's effective uid.
+        uid: u32,
+    },
+    /// A directory on the path is a symlink that another user could have planted or could
+    /// change.
+    SymlinkedParent {
+        /// The path.
+        path: PathBuf,
+        /// The symlink.
+        link: PathBuf,
+        /// Why it is not trusted.
+        why: &'static str,
+    },
+    /// The file's length changed while it was read ([`snapshot`]).
+    Changed {
+        /// The path.
+        path: PathBuf,
+        /// Bytes before the read.
+        before: u64,
+        /// Bytes after it.
+        after: u64,
+    },
     /// Reading or extending the file failed.
     Io {
         /// The path.
@@ -98,6 +132,24 @@ pub enum RegionFileError {
         /// `errno` of the failed call.
         errno: i32,
     },
+}
+
+/// Who owns an existing region file, and its permission bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileOwner {
+    /// Owner uid.
+    pub uid: u32,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub perm: u32,
+}
+
+impl FileOwner {
+    /// Whether the permission bits let `uid` read (and, for `write`, write) the file.
+    fn allows(&self, uid: u32, write: bool) -> bool {
+        let shift = if uid == self.uid { 6 } else { 0 };
+        let need = if write { 0o6 } else { 0o4 };
+        uid == 0 || (self.perm >> shift) & need == need
+    }
 }
 
 impl RegionFileError {
@@ -110,6 +162,9 @@ impl RegionFileError {
             | RegionFileError::Empty { path }
             | RegionFileError::Layout { path, .. }
             | RegionFileError::Map { path, .. }
+            | RegionFileError::Denied { path, .. }
+            | RegionFileError::SymlinkedParent { path, .. }
+            | RegionFileError::Changed { path, .. }
             | RegionFileError::Io { path, .. } => path,
         }
     }
@@ -118,6 +173,7 @@ impl RegionFileError {
     pub fn errno(&self) -> Option<i32> {
         match *self {
             RegionFileError::Open { errno, .. }
+            | RegionFileError::Denied { errno, .. }
             | RegionFileError::Map { errno, .. }
             | RegionFileError::Io { errno, .. } => Some(errno),
             _ => None,
@@ -155,13 +211,6 @@ impl fmt::Display for RegionFileError {
                 write!(f, "{p}: the path contains a NUL byte; {ELSEWHERE}")
             }
             RegionFileError::Open { errno, mode, .. } => match errno {
-                libc::EACCES | libc::EPERM => write!(
-                    f,
-                    "{p}: cannot open the shared region ({}): the file belongs to another user \
-                     with mode 0600 or the directory is not writable; set \
-                     CUDA_DEVICE_MEMORY_SHARED_CACHE to a writable path or fix the file's mode",
-                    os(errno)
-                ),
                 libc::ELOOP => write!(
                     f,
                     "{p}: is a symlink; refusing to follow it at a shared path (another user \
@@ -191,6 +240,60 @@ impl fmt::Display for RegionFileError {
                     os(errno)
                 ),
             },
+            RegionFileError::Denied {
+                errno,
+                mode,
+                file,
+                uid,
+                ..
+            } => {
+                let how = match mode {
+                    OpenMode::ReadWrite => "for reading and writing",
+                    OpenMode::ReadOnly => "for reading",
+                };
+                match file {
+                    Some(o) if !o.allows(uid, mode == OpenMode::ReadWrite) => write!(
+                        f,
+                        "{p}: cannot open the shared region {how} ({}): the file has mode {:04o} \
+                         and belongs to uid {}, and this process runs as uid {uid}; let every \
+                         user of the container read and write it (chmod 0666 {p}), or remove it \
+                         (it is created again), or {ELSEWHERE}",
+                        os(errno),
+                        o.perm,
+                        o.uid
+                    ),
+                    Some(o) => write!(
+                        f,
+                        "{p}: cannot open the shared region {how} ({}) although its mode {:04o} \
+                         (owner uid {}) allows uid {uid}: a security policy (SELinux, AppArmor) \
+                         or fs.protected_regular in a sticky directory refuses it; remove the \
+                         file (it is created again) or {ELSEWHERE}",
+                        os(errno),
+                        o.perm,
+                        o.uid
+                    ),
+                    None => write!(
+                        f,
+                        "{p}: cannot create the shared region ({}): the directory is not \
+                         writable (or not searchable) by uid {uid}; make it writable by the \
+                         container's users or {ELSEWHERE}",
+                        os(errno)
+                    ),
+                }
+            }
+            RegionFileError::SymlinkedParent { ref link, why, .. } => write!(
+                f,
+                "{p}: the directory {} on the path is a symlink {why}; refusing to follow it at a \
+                 shared path (another user could point it anywhere): use the directory's real \
+                 path or {ELSEWHERE}",
+                OneLine(link)
+            ),
+            RegionFileError::Changed { before, after, .. } => write!(
+                f,
+                "{p}: the file changed while it was read ({before} bytes, then {after}): another \
+                 process truncated or rewrote it; read it again, and never truncate or rewrite \
+                 the region file while GPU processes use it"
+            ),
             RegionFileError::NotRegular { kind, .. } => write!(
                 f,
                 "{p}: is a {kind}, not a regular file; remove it (if it is stale) or {ELSEWHERE}"
@@ -235,6 +338,8 @@ pub struct RegionFile {
     verdict: Verdict,
     mode: OpenMode,
     created: bool,
+    /// The SIGBUS guard of the mapping (see [`crate::region_guard`]); dropped before the unmap.
+    guard: Option<region_guard::Registration>,
 }
 
 // SAFETY: `RegionFile` owns a descriptor and a MAP_SHARED mapping; the mapping holds only atomics
@@ -296,6 +401,7 @@ impl RegionFile {
     /// Keeps the mapping and the descriptor for the rest of the process (the preload library):
     /// never unmapped, never closed. Read [`RegionFile::fd`] first if the platform needs it.
     pub fn leak(self) -> &'static SharedRegion {
+        region_guard::set_library_region(self.fd(), &self.path);
         let this = ManuallyDrop::new(self);
         // SAFETY: as in `region`; and since Drop will never run, the mapping lives (and the
         // descriptor stays open) until the process ends, so the reference may be 'static.
@@ -305,6 +411,8 @@ impl RegionFile {
 
 impl Drop for RegionFile {
     fn drop(&mut self) {
+        // The handler must stop repairing the range before it is unmapped (and maybe reused).
+        drop(self.guard.take());
         // SAFETY: `map`/`len` are the mapping made in `open`, unmapped only here; no reference
         // from `region` outlives `self`. (The descriptor is closed by OwnedFd afterwards.)
         unsafe { libc::munmap(self.map.as_ptr().cast(), self.len) };
@@ -335,6 +443,92 @@ fn open_raw(path: &CString, flags: libc::c_int) -> Result<OwnedFd, i32> {
     }
 }
 
+/// Refuses a symlink among the path's directories that another user could have planted or could
+/// change: one in a directory that group or others may write (such as /tmp), or owned by a user
+/// other than root and us. (`O_NOFOLLOW` covers only the last component.) Links that only root
+/// or we control, such as /var/run -> /run, are followed.
+fn check_parents(path: &Path) -> Result<(), RegionFileError> {
+    let Some(parent) = path.parent() else {
+        return Ok(());
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mut prefix = PathBuf::new();
+    for comp in parent.components() {
+        let container = if prefix.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            prefix.clone()
+        };
+        prefix.push(comp);
+        let Ok(c) = CString::new(prefix.as_os_str().as_bytes()) else {
+            continue;
+        };
+        let Ok(st) = lstat(&c) else {
+            // Missing or unreadable: open says what is wrong.
+            return Ok(());
+        };
+        if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
+            continue;
+        }
+        let why = if st.st_uid != 0 && st.st_uid != me {
+            Some("owned by another user")
+        } else {
+            CString::new(container.as_os_str().as_bytes())
+                .ok()
+                .and_then(|d| {
+                    // SAFETY: as in `lstat`; stat follows links to the real directory.
+                    let mut dst: libc::stat = unsafe { std::mem::zeroed() };
+                    // SAFETY: as above.
+                    (unsafe { libc::stat(d.as_ptr(), &mut dst) } == 0).then_some(dst)
+                })
+                .filter(|d| d.st_mode & 0o022 != 0 || (d.st_uid != 0 && d.st_uid != me))
+                .map(|_| "in a directory that other users may write")
+        };
+        if let Some(why) = why {
+            return Err(RegionFileError::SymlinkedParent {
+                path: path.to_path_buf(),
+                link: prefix,
+                why,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Names what stands at the path when `open` failed with `errno`: something that is not a
+/// regular file (a socket gives only ENXIO), or whose permission bits refuse us.
+fn open_failure(path: &Path, c_path: &CString, errno: i32, mode: OpenMode) -> RegionFileError {
+    let found = lstat(c_path).ok();
+    if let Some(kind) = found.and_then(|st| kind_of(st.st_mode)) {
+        // A symlink keeps the ELOOP line, which says why it is refused.
+        if kind != "symlink" {
+            return RegionFileError::NotRegular {
+                path: path.to_path_buf(),
+                kind,
+            };
+        }
+    }
+    match errno {
+        libc::EACCES | libc::EPERM => RegionFileError::Denied {
+            path: path.to_path_buf(),
+            errno,
+            mode,
+            file: found.map(|st| FileOwner {
+                uid: st.st_uid,
+                perm: st.st_mode & 0o7777,
+            }),
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            uid: unsafe { libc::geteuid() },
+        },
+        _ => RegionFileError::Open {
+            path: path.to_path_buf(),
+            errno,
+            mode,
+        },
+    }
+}
+
 /// Opens the path, creating it (mode 0666 whatever the umask) in [`OpenMode::ReadWrite`].
 /// Returns the descriptor and whether we created the file.
 fn open_fd(
@@ -343,17 +537,7 @@ fn open_fd(
     mode: OpenMode,
 ) -> Result<(OwnedFd, bool), RegionFileError> {
     let base = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
-    let fail = |errno: i32| match errno {
-        libc::EISDIR => RegionFileError::NotRegular {
-            path: path.to_path_buf(),
-            kind: "directory",
-        },
-        _ => RegionFileError::Open {
-            path: path.to_path_buf(),
-            errno,
-            mode,
-        },
-    };
+    let fail = |errno: i32| open_failure(path, c_path, errno, mode);
     if mode == OpenMode::ReadOnly {
         return open_raw(c_path, base | libc::O_RDONLY)
             .map(|fd| (fd, false))
@@ -383,17 +567,17 @@ fn open_fd(
     Err(fail(last))
 }
 
-/// Reads up to [`HEADER_LEN`] bytes from offset 0 (fewer only at end of file).
-fn read_header(fd: RawFd, header: &mut [u8; HEADER_LEN]) -> Result<usize, i32> {
+/// Fills `buf` from offset `at` of `fd` (fewer bytes only at end of file); returns the count.
+fn read_at(fd: RawFd, buf: &mut [u8], at: u64) -> Result<usize, i32> {
     let mut got = 0;
-    while got < HEADER_LEN {
-        // SAFETY: the destination is the unfilled tail of `header`, `HEADER_LEN - got` bytes.
+    while got < buf.len() {
+        // SAFETY: the destination is the unfilled tail of `buf`, `buf.len() - got` bytes.
         let n = unsafe {
             libc::pread(
                 fd,
-                header[got..].as_mut_ptr().cast(),
-                HEADER_LEN - got,
-                got as libc::off_t,
+                buf[got..].as_mut_ptr().cast(),
+                buf.len() - got,
+                (at + got as u64) as libc::off_t,
             )
         };
         match n {
@@ -408,12 +592,42 @@ fn read_header(fd: RawFd, header: &mut [u8; HEADER_LEN]) -> Result<usize, i32> {
     Ok(got)
 }
 
-/// Opens, validates and maps the region file at `path`. See the module docs for what is checked;
-/// nothing here panics, whatever is at the path.
-pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
+fn fstat(fd: RawFd) -> Result<libc::stat, i32> {
+    // SAFETY: an all-zero `struct stat` is a valid buffer for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid `struct stat` to write; a bad `fd` only makes fstat fail.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(errno());
+    }
+    Ok(st)
+}
+
+fn lstat(path: &CString) -> Result<libc::stat, i32> {
+    // SAFETY: as in `fstat`; `path` is NUL-terminated.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::lstat(path.as_ptr(), &mut st) } != 0 {
+        return Err(errno());
+    }
+    Ok(st)
+}
+
+/// A file opened and checked, not yet mapped or read.
+struct Checked {
+    fd: OwnedFd,
+    created: bool,
+    /// The file's length after any extension.
+    len: u64,
+    verdict: Verdict,
+}
+
+/// Opens `path` and checks it: a regular file whose size and header [`classify`] accepts;
+/// extends a fresh file in [`OpenMode::ReadWrite`].
+fn open_checked(path: &Path, mode: OpenMode) -> Result<Checked, RegionFileError> {
     let owned = || path.to_path_buf();
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| RegionFileError::InvalidPath { path: owned() })?;
+    check_parents(path)?;
     let (fd, created) = open_fd(path, &c_path, mode)?;
     let raw = fd.as_raw_fd();
     let io = |op: &'static str, errno: i32| RegionFileError::Io {
@@ -422,12 +636,7 @@ pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> 
         errno,
     };
 
-    // SAFETY: an all-zero `struct stat` is a valid buffer for fstat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `raw` is open; `st` is a valid `struct stat` to write.
-    if unsafe { libc::fstat(raw, &mut st) } != 0 {
-        return Err(io("fstat", errno()));
-    }
+    let st = fstat(raw).map_err(|e| io("fstat", e))?;
     if let Some(kind) = kind_of(st.st_mode) {
         return Err(RegionFileError::NotRegular {
             path: owned(),
@@ -443,12 +652,12 @@ pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> 
         }
     }
 
-    let len = st.st_size.max(0) as u64;
+    let mut len = st.st_size.max(0) as u64;
     if mode == OpenMode::ReadOnly && len == 0 {
         return Err(RegionFileError::Empty { path: owned() });
     }
     let mut header = [0u8; HEADER_LEN];
-    let got = read_header(raw, &mut header).map_err(|e| io("reading the header", e))?;
+    let got = read_at(raw, &mut header, 0).map_err(|e| io("reading the header", e))?;
     let verdict =
         classify(&header[..got], len, SIZE).map_err(|refusal| RegionFileError::Layout {
             path: owned(),
@@ -473,6 +682,7 @@ pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> 
                     let e = if n < 0 { errno() } else { libc::EIO };
                     return Err(io("extending the file to the region's size", e));
                 }
+                len = mapped_len + 1;
             }
             // A read-only mapping beyond end of file would fault on access.
             OpenMode::ReadOnly if len < mapped_len => {
@@ -484,7 +694,44 @@ pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> 
             OpenMode::ReadOnly => {}
         }
     }
+    Ok(Checked {
+        fd,
+        created,
+        len,
+        verdict,
+    })
+}
 
+/// Opens, validates and maps the region file at `path`. See the module docs for what is checked;
+/// nothing here panics, whatever is at the path. The mapping is guarded against a truncation of
+/// the file ([`crate::region_guard`]). In [`OpenMode::ReadWrite`] an initialised region whose
+/// fields are garbage ([`check_body`]) is refused too: glibc aborts in `sem_wait` on a garbage
+/// semaphore.
+pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
+    let file = map(path, mode)?;
+    if mode == OpenMode::ReadWrite && matches!(file.verdict, Verdict::Ready | Verdict::LegacyV11) {
+        check_body(file.region()).map_err(|fault| RegionFileError::Layout {
+            path: path.to_path_buf(),
+            refusal: Refusal::CorruptBody(fault),
+        })?;
+    }
+    Ok(file)
+}
+
+/// [`open`] read-write without judging the region's fields, for re-initialising a corrupt one
+/// (`shrreg-tool --create-new`).
+pub fn open_to_reinitialise(path: &Path) -> Result<RegionFile, RegionFileError> {
+    map(path, OpenMode::ReadWrite)
+}
+
+fn map(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
+    let Checked {
+        fd,
+        created,
+        len,
+        verdict,
+    } = open_checked(path, mode)?;
+    let raw = fd.as_raw_fd();
     let prot = match mode {
         OpenMode::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
         OpenMode::ReadOnly => libc::PROT_READ,
@@ -494,26 +741,115 @@ pub fn open(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> 
     let p = unsafe { libc::mmap(std::ptr::null_mut(), SIZE, prot, libc::MAP_SHARED, raw, 0) };
     if p == libc::MAP_FAILED {
         return Err(RegionFileError::Map {
-            path: owned(),
+            path: path.to_path_buf(),
             errno: errno(),
         });
     }
     let Some(map) = NonNull::new(p.cast::<SharedRegion>()) else {
         // Address 0 is never chosen without MAP_FIXED; refuse rather than trust it.
         return Err(RegionFileError::Map {
-            path: owned(),
+            path: path.to_path_buf(),
             errno: libc::EINVAL,
         });
     };
+    let writable = mode == OpenMode::ReadWrite;
+    let restore = writable.then_some(len.max(SIZE as u64 + 1));
+    let guard = region_guard::register(p.cast(), SIZE, raw, restore, writable, path);
     Ok(RegionFile {
         fd,
         map,
         len: SIZE,
-        path: owned(),
+        path: path.to_path_buf(),
         verdict,
         mode,
         created,
+        guard,
     })
+}
+
+/// A private copy of a region file, read with `pread` rather than mapped: a file truncated or
+/// rewritten while it is read cannot fault, it only gives a copy that says so. For inspection.
+pub struct Snapshot {
+    region: Box<SharedRegion>,
+    len: u64,
+    verdict: Verdict,
+}
+
+impl Snapshot {
+    /// The zeroed region that an empty file becomes (length 0, [`Verdict::Fresh`]).
+    pub fn zeroed() -> Snapshot {
+        Snapshot {
+            region: zeroed_region(),
+            len: 0,
+            verdict: Verdict::Fresh,
+        }
+    }
+
+    /// The copied region (its atomics are private to this copy).
+    pub fn region(&self) -> &SharedRegion {
+        &self.region
+    }
+
+    /// The file's length when the copy was taken.
+    pub fn file_len(&self) -> u64 {
+        self.len
+    }
+
+    /// What validation made of the copy.
+    pub fn verdict(&self) -> Verdict {
+        self.verdict
+    }
+}
+
+/// Reads the region file at `path` into a private copy, with the checks of [`open`] in
+/// [`OpenMode::ReadOnly`] (nothing is created or changed). The header is judged again on the
+/// copy and the file's length after the read, so a file that changed under the read is refused
+/// ([`RegionFileError::Changed`]) or judged as it now is, never half of each.
+pub fn snapshot(path: &Path) -> Result<Snapshot, RegionFileError> {
+    let checked = open_checked(path, OpenMode::ReadOnly)?;
+    let raw = checked.fd.as_raw_fd();
+    let mut region = zeroed_region();
+    let dst = std::ptr::addr_of_mut!(*region).cast::<u8>();
+    // SAFETY: `dst` points to the SIZE bytes of the box we own, which nothing else references
+    // while pread fills them; any bytes are a valid value of the region's atomics.
+    let buf = unsafe { std::slice::from_raw_parts_mut(dst, SIZE) };
+    let got = read_at(raw, buf, 0).map_err(|e| RegionFileError::Io {
+        path: path.to_path_buf(),
+        op: "reading the region",
+        errno: e,
+    })?;
+    let len_after = fstat(raw).map(|st| st.st_size.max(0) as u64).unwrap_or(0);
+    if got < SIZE || len_after != checked.len {
+        return Err(RegionFileError::Changed {
+            path: path.to_path_buf(),
+            before: checked.len,
+            after: len_after,
+        });
+    }
+    let verdict = classify(&buf[..HEADER_LEN], len_after, SIZE).map_err(|refusal| {
+        RegionFileError::Layout {
+            path: path.to_path_buf(),
+            refusal,
+        }
+    })?;
+    Ok(Snapshot {
+        region,
+        len: len_after,
+        verdict,
+    })
+}
+
+/// A heap region of zero bytes (2 MB: never built on the stack).
+fn zeroed_region() -> Box<SharedRegion> {
+    let layout = std::alloc::Layout::new::<SharedRegion>();
+    // SAFETY: the layout is non-zero-sized.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<SharedRegion>();
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: allocated with SharedRegion's layout by the global allocator, as Box expects, and
+    // zeroed (all-zero bytes are a valid value of every field: atomics and sem_t storage).
+    unsafe { Box::from_raw(p) }
 }
 
 /// A private, zeroed region for a process that cannot share one (degraded mode), kept for the
@@ -541,13 +877,5 @@ pub fn anonymous() -> &'static SharedRegion {
         }
     }
     // Out of address space for 2 MB: fall back to the heap (private to this process).
-    let layout = std::alloc::Layout::new::<SharedRegion>();
-    // SAFETY: the layout is non-zero-sized.
-    let heap = unsafe { std::alloc::alloc_zeroed(layout) };
-    match NonNull::new(heap.cast::<SharedRegion>()) {
-        // SAFETY: aligned for SharedRegion by `layout`, zeroed (a valid value, as above), never
-        // freed.
-        Some(map) => unsafe { map.as_ref() },
-        None => std::alloc::handle_alloc_error(layout),
-    }
+    Box::leak(zeroed_region())
 }

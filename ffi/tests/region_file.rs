@@ -79,12 +79,15 @@ fn umask(mask: libc::mode_t) -> libc::mode_t {
     unsafe { libc::umask(mask) }
 }
 
-/// A header as a C process writes it.
+/// A header as a C process writes it: the flag, the version, and the owner lock's semaphore
+/// (value 1, process-shared).
 fn header(flag: i32, major: u32, minor: u32) -> Vec<u8> {
     let mut h = vec![0u8; 72];
     h[0..4].copy_from_slice(&flag.to_le_bytes());
     h[4..8].copy_from_slice(&major.to_le_bytes());
     h[8..12].copy_from_slice(&minor.to_le_bytes());
+    h[24..28].copy_from_slice(&1u32.to_le_bytes());
+    h[32..36].copy_from_slice(&0x80u32.to_le_bytes());
     h
 }
 
@@ -195,6 +198,22 @@ fn in_child(f: impl FnOnce() -> Result<String, i32>) -> Result<String, i32> {
     }
 }
 
+/// Opens `path` read-write as uid 65534 and expects EACCES: the error's one line, which names
+/// the path first. `None` when not root (the caller skips, saying `what`).
+fn denied_as_nobody(path: &Path, what: &str) -> Option<String> {
+    let p = path.to_path_buf();
+    let Some(got) = as_nobody(move || error_text(region_file::open(&p, OpenMode::ReadWrite)))
+    else {
+        eprintln!("note: not root, skipping the {what} test");
+        return None;
+    };
+    let (errno, text) = got.split_once('|').expect(&got);
+    assert_eq!(errno, libc::EACCES.to_string(), "{got}");
+    assert!(text.starts_with(&format!("{}: ", path.display())), "{text}");
+    assert!(!text.contains('\n'), "{text}");
+    Some(text.to_string())
+}
+
 fn error_text(r: Result<region_file::RegionFile, RegionFileError>) -> String {
     match r {
         Ok(_) => "OPENED".to_string(),
@@ -245,6 +264,9 @@ fn reopening_an_initialised_file_is_ready_and_changes_nothing() {
         r.major_version.store(1, Ordering::Relaxed);
         r.minor_version.store(2, Ordering::Relaxed);
         r.limit[0].store(12345, Ordering::Relaxed);
+        // The owner lock's semaphore as sem_init(1, 1) leaves it.
+        r.sem.words[0].store(1, Ordering::Relaxed);
+        r.sem.words[1].store(0x80, Ordering::Relaxed);
         r.initialized_flag.store(MAGIC, Ordering::Release);
     }
     // Someone else's mode is left as it is.
@@ -618,16 +640,9 @@ fn another_users_0600_file_gives_eacces_with_the_fix() {
     }
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
     let before = fs::read(&path).unwrap();
-    let p = path.clone();
-    let Some(got) = as_nobody(move || error_text(region_file::open(&p, OpenMode::ReadWrite)))
-    else {
-        eprintln!("note: not root, skipping the other-user test");
+    let Some(text) = denied_as_nobody(&path, "other-user") else {
         return;
     };
-    let (errno, text) = got.split_once('|').expect(&got);
-    assert_eq!(errno, libc::EACCES.to_string(), "{got}");
-    assert!(!text.contains('\n'), "{text}");
-    assert!(text.starts_with(&format!("{}: ", path.display())), "{text}");
     assert!(text.contains("mode 0600"), "{text}");
     assert!(text.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE"), "{text}");
     assert_eq!(fs::read(&path).unwrap(), before);
@@ -646,15 +661,9 @@ fn an_unwritable_directory_gives_eacces_with_the_fix() {
     fs::create_dir(&sub).unwrap();
     fs::set_permissions(&sub, fs::Permissions::from_mode(0o555)).unwrap();
     let path = sub.join("cudevshr.cache");
-    let p = path.clone();
-    let Some(got) = as_nobody(move || error_text(region_file::open(&p, OpenMode::ReadWrite)))
-    else {
-        eprintln!("note: not root, skipping the unwritable-directory test");
+    let Some(text) = denied_as_nobody(&path, "unwritable-directory") else {
         return;
     };
-    let (errno, text) = got.split_once('|').expect(&got);
-    assert_eq!(errno, libc::EACCES.to_string(), "{got}");
-    assert!(text.starts_with(&format!("{}: ", path.display())), "{text}");
     assert!(text.contains("directory is not writable"), "{text}");
     assert!(!path.exists());
 
@@ -784,4 +793,281 @@ fn every_error_variant_writes_one_line_with_the_path() {
         assert!(text.len() > path.as_os_str().len() + 20, "{text}");
         assert!(text.contains(';') || text.contains(':'), "{text}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Truncation and replacement under a live mapping, and the smaller refusals of issue 16.
+
+/// The child's exit code, or 128 + the signal that ended it.
+fn child_code(r: Result<String, i32>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(code) => code,
+    }
+}
+
+fn truncate_file(path: &Path, len: u64) {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+#[test]
+fn a_truncated_region_is_extended_again_and_the_process_survives() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    let p = path.clone();
+    // In a child: without the guard the first access after the truncation kills it (SIGBUS).
+    let got = in_child(move || {
+        let file = region_file::open(&p, OpenMode::ReadWrite).map_err(|_| 60)?;
+        let region = file.region();
+        region.initialized_flag.store(MAGIC, Ordering::SeqCst);
+        region.procs[1000].pid.store(42, Ordering::SeqCst);
+        let before = vgpu::region_guard::repaired_count();
+        truncate_file(&p, 0);
+        // A load and a store in the cut pages, then the last field of the region.
+        let pid = region.procs[1000].pid.load(Ordering::SeqCst);
+        region.procs[1000].pid.store(7, Ordering::SeqCst);
+        let post = region.sem_postinit.glibc_private();
+        let len = fs::metadata(&p).map_err(|_| 61)?.len();
+        // The store reached the file: the same inode was extended, not a private copy.
+        let bytes = fs::read(&p).map_err(|_| 62)?;
+        let off = std::mem::offset_of!(SharedRegion, procs) + 1000 * 1960;
+        let in_file = i32::from_le_bytes(bytes[off..off + 4].try_into().unwrap());
+        Ok(format!(
+            "pid {pid} post {post} len {len} file {in_file} repaired {} event {} {}",
+            vgpu::region_guard::repaired_count() - before,
+            vgpu::region_guard::take_truncation_event(),
+            vgpu::region_guard::take_truncation_event(),
+        ))
+    });
+    let text = got.unwrap_or_else(|code| panic!("the child died or failed: {code}"));
+    assert_eq!(
+        text,
+        format!(
+            "pid 0 post 0 len {} file 7 repaired 1 event true false",
+            SIZE + 1
+        )
+    );
+}
+
+#[test]
+fn a_read_only_mapping_of_a_truncated_file_reads_zeros() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    {
+        let f = region_file::open(&path, OpenMode::ReadWrite).unwrap();
+        f.region().major_version.store(1, Ordering::SeqCst);
+        f.region().minor_version.store(2, Ordering::SeqCst);
+        f.region().initialized_flag.store(MAGIC, Ordering::SeqCst);
+        f.region().proc_num.store(3, Ordering::SeqCst);
+    }
+    let p = path.clone();
+    let got = in_child(move || {
+        let file = region_file::open(&p, OpenMode::ReadOnly).map_err(|_| 60)?;
+        truncate_file(&p, 4096);
+        // The last page is cut (a fault); the header page is still in the file, but read after
+        // the fault it is one of the zero pages mapped over the whole region.
+        let n = file.region().proc_num.load(Ordering::SeqCst);
+        let flag = file.region().initialized_flag.load(Ordering::SeqCst);
+        Ok(format!("{flag} {n}"))
+    });
+    // The read-only descriptor cannot extend the file: zero pages replace the whole mapping.
+    assert_eq!(got, Ok("0 0".to_string()));
+    assert_eq!(fs::metadata(&path).unwrap().len(), 4096, "never written");
+}
+
+#[test]
+fn a_sigbus_elsewhere_still_kills_as_before() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    let other = dir.join("other");
+    fs::write(&other, vec![1u8; 8192]).unwrap();
+    let (p, o) = (path.clone(), other.clone());
+    // A mapping that is not a region: the guard (installed by the open) must not save it.
+    let code = child_code(in_child(move || {
+        let _file = region_file::open(&p, OpenMode::ReadWrite).map_err(|_| 60)?;
+        let f = File::open(&o).map_err(|_| 61)?;
+        // SAFETY: a private read-only mapping of an 8 KiB file, read after it is cut.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return Err(62);
+        }
+        truncate_file(&o, 0);
+        // SAFETY: reads the mapped (now cut) page: a SIGBUS by design.
+        let v = unsafe { std::ptr::read_volatile(m.cast::<u8>()) };
+        Ok(v.to_string())
+    }));
+    assert_eq!(code, 128 + libc::SIGBUS);
+    // (A SIGBUS sent by kill is checked in c-tests/hooks/t_truncate.c: here the test
+    // harness's own SIGBUS handler, which ours chains to, would swallow it.)
+}
+
+#[test]
+fn a_replaced_file_is_noticed() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
+    assert_eq!(vgpu::region_guard::same_file(file.fd(), &path), Some(true));
+    let tmp = dir.join("new");
+    fs::write(&tmp, b"").unwrap();
+    fs::rename(&tmp, &path).unwrap();
+    assert_eq!(vgpu::region_guard::same_file(file.fd(), &path), Some(false));
+    fs::remove_file(&path).unwrap();
+    assert_eq!(vgpu::region_guard::same_file(file.fd(), &path), Some(false));
+}
+
+#[test]
+fn the_library_region_replaced_at_its_path_is_reported_at_most_once_a_second() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    let p = path.clone();
+    let t = dir.join("new");
+    // In a child: the library's region is recorded once per process (`leak`).
+    let got = in_child(move || {
+        use vgpu::region_guard::check_replaced;
+        let _region = region_file::open(&p, OpenMode::ReadWrite)
+            .map_err(|_| 60)?
+            .leak();
+        let s = 1_000_000_000u64;
+        let before = check_replaced(10 * s);
+        fs::write(&t, b"").map_err(|_| 61)?;
+        fs::rename(&t, &p).map_err(|_| 62)?;
+        let too_soon = check_replaced(10 * s + s / 2);
+        let seen = check_replaced(11 * s + 1);
+        Ok(format!("{before} {too_soon} {seen}"))
+    });
+    assert_eq!(got, Ok("false false true".to_string()));
+}
+
+#[test]
+fn a_0444_file_is_described_as_it_is() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    drop(region_file::open(&path, OpenMode::ReadWrite).unwrap());
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).unwrap();
+    let Some(text) = denied_as_nobody(&path, "0444") else {
+        return;
+    };
+    assert!(
+        !text.contains("0600") && !text.contains("another user"),
+        "{text}"
+    );
+    assert!(text.contains("mode 0444"), "{text}");
+    assert!(text.contains("belongs to uid 0"), "{text}");
+    assert!(text.contains(&format!("runs as uid {NOBODY}")), "{text}");
+    assert!(text.contains("chmod 0666"), "{text}");
+}
+
+#[test]
+fn a_socket_at_the_path_is_named() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    let _sock = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    for mode in [OpenMode::ReadWrite, OpenMode::ReadOnly] {
+        let err = open_err(&path, mode);
+        assert_eq!(
+            err,
+            RegionFileError::NotRegular {
+                path: path.clone(),
+                kind: "socket"
+            }
+        );
+        let text = one_line(&err, &path);
+        assert!(text.contains("is a socket"), "{text}");
+        assert!(text.contains("remove it"), "{text}");
+    }
+}
+
+#[test]
+fn a_symlinked_parent_that_others_may_change_is_refused() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let real = dir.join("real");
+    fs::create_dir(&real).unwrap();
+    symlink(&real, dir.join("link")).unwrap();
+    let path = dir.join("link").join("cudevshr.cache");
+    // In a directory every user may write (as /tmp is): refused, nothing created.
+    fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o1777)).unwrap();
+    for mode in [OpenMode::ReadWrite, OpenMode::ReadOnly] {
+        let err = open_err(&path, mode);
+        assert!(
+            matches!(&err, RegionFileError::SymlinkedParent { link, .. } if *link == dir.join("link")),
+            "{err:?}"
+        );
+        let text = one_line(&err, &path);
+        assert!(text.contains("is a symlink"), "{text}");
+        assert!(text.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE"), "{text}");
+    }
+    assert!(!real.join("cudevshr.cache").exists());
+    // A link that only root (or we) could have made or changed is followed, as /var/run -> /run.
+    fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o755)).unwrap();
+    region_file::open(&path, OpenMode::ReadWrite).unwrap();
+    assert!(real.join("cudevshr.cache").exists());
+}
+
+#[test]
+fn a_valid_header_over_a_garbage_body_is_refused_and_create_new_can_open_it() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("cudevshr.cache");
+    // A real initialised region, then pseudo-random bytes after its version words.
+    {
+        let f = region_file::open(&path, OpenMode::ReadWrite).unwrap();
+        let platform = LinuxPlatform::new(f.fd(), SIZE);
+        let params = hami_shm::init::InitParams::<16> {
+            limits: [1 << 30; 16],
+            sm_limits: [100; 16],
+            priority: 1,
+        };
+        hami_shm::init::ensure_initialised(f.region(), &platform, &params, 1_000_000_000).unwrap();
+    }
+    region_file::open(&path, OpenMode::ReadWrite).unwrap();
+    let mut bytes = fs::read(&path).unwrap();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in &mut bytes[12..SIZE] {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    fs::write(&path, &bytes).unwrap();
+    let err = open_err(&path, OpenMode::ReadWrite);
+    assert!(
+        matches!(
+            err,
+            RegionFileError::Layout {
+                refusal: Refusal::CorruptBody(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = one_line(&err, &path);
+    assert!(text.contains("corrupt"), "{text}");
+    assert!(text.contains("delete the file"), "{text}");
+    assert_eq!(fs::read(&path).unwrap(), bytes, "left unchanged");
+    // Inspection still reads it (its findings say what is wrong), and --create-new may open it.
+    region_file::open(&path, OpenMode::ReadOnly).unwrap();
+    region_file::snapshot(&path).unwrap();
+    region_file::open_to_reinitialise(&path).unwrap();
 }

@@ -24,7 +24,7 @@ use vgpu::inspect::shm::slots;
 use vgpu::inspect::shm::validate::{self, Verdict, HEADER_LEN};
 use vgpu::inspect::{self, FileInfo, Finding, Report, SemState};
 use vgpu::platform::LinuxPlatform;
-use vgpu::region_file::{self, OpenMode, RegionFile, RegionFileError};
+use vgpu::region_file::{self, OpenMode, RegionFile, RegionFileError, Snapshot};
 
 const USAGE: &str = "\
 usage: shrreg-tool [--file PATH] ACTION [--force]
@@ -224,81 +224,66 @@ fn look(path: &Path) -> Result<Found, Fail> {
     }
 }
 
-fn open_error(path: &Path, e: RegionFileError, mode: OpenMode) -> Fail {
-    if let RegionFileError::Open { errno, .. } = e {
-        if errno == libc::EACCES && mode == OpenMode::ReadOnly {
-            return Fail(format!(
-                "{}: permission denied reading the shared region; run as the file's owner or \
-                 as root",
-                path.display()
-            ));
-        }
-        if errno == libc::EACCES || errno == libc::EPERM || errno == libc::EROFS {
-            return Fail(format!(
-                "{}: cannot open the shared region for writing ({}); run as the file's owner \
-                 or as root",
-                path.display(),
-                std::io::Error::from_raw_os_error(errno)
-            ));
-        }
+fn open_error(e: RegionFileError, mode: OpenMode) -> Fail {
+    if let RegionFileError::Denied { errno, .. } = e {
+        let what = match mode {
+            OpenMode::ReadOnly => "reading",
+            OpenMode::ReadWrite => "writing",
+        };
+        // The library's line says what the file's mode and owner are; the tool's fix differs.
+        return Fail(format!(
+            "{e} (for this tool: {}: permission denied {what} the shared region; run as the \
+             file's owner or as root)",
+            std::io::Error::from_raw_os_error(errno)
+        ));
     }
     Fail(e.to_string())
 }
 
-fn file_len(file: &RegionFile) -> u64 {
-    // SAFETY: a zeroed stat is a valid buffer; the descriptor is open for the file's lifetime.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(file.fd(), &mut st) } != 0 {
-        return 0;
-    }
-    st.st_size.max(0) as u64
-}
-
-/// Takes a report of the region, confirming transient findings on a second snapshot.
+/// Takes a report of the region, confirming transient findings on a second snapshot. `take`
+/// copies the region each time (a private copy: nothing the file's owners do can fault it).
 fn report_of(
-    region: &SharedRegion,
-    platform: &LinuxPlatform,
-    info: FileInfo,
-) -> (Report, Vec<Finding>) {
+    take: impl Fn() -> Result<(Snapshot, FileInfo), Fail>,
+) -> Result<(Report, Vec<Finding>), Fail> {
+    let platform = LinuxPlatform::private();
     let live = |id: ProcId| platform.liveness(id);
-    let first = inspect::snapshot(region, info.clone(), &live, tool_pid());
+    let (region, info) = take()?;
+    let first = inspect::snapshot(region.region(), info, &live, tool_pid());
     let found = inspect::findings(&first);
     if !found.iter().any(Finding::transient) {
-        return (first, found);
+        return Ok((first, found));
     }
     std::thread::sleep(std::time::Duration::from_millis(CONFIRM_DELAY_MS));
-    let second = inspect::snapshot(region, info, &live, tool_pid());
+    let (region, info) = take()?;
+    let second = inspect::snapshot(region.region(), info, &live, tool_pid());
     let again = inspect::findings(&second);
-    (second, inspect::confirm(&found, again))
+    Ok((second, inspect::confirm(&found, again)))
+}
+
+/// A private copy of the region file at `path` (see `region_file::snapshot`), or of the zeroed
+/// region an empty file will become.
+fn copy_of(path: &Path) -> Result<(Snapshot, FileInfo), Fail> {
+    let shown = path.display().to_string();
+    if let Found::Empty = look(path)? {
+        let info = FileInfo {
+            path: shown,
+            len: 0,
+            verdict: Verdict::Fresh,
+        };
+        return Ok((Snapshot::zeroed(), info));
+    }
+    let snap = region_file::snapshot(path).map_err(|e| open_error(e, OpenMode::ReadOnly))?;
+    let info = FileInfo {
+        path: shown,
+        len: snap.file_len(),
+        verdict: snap.verdict(),
+    };
+    Ok((snap, info))
 }
 
 fn inspect_cmd(path: &Path, action: Action) -> Result<u8, Fail> {
     let shown = path.display().to_string();
-    let (report, findings) = match look(path)? {
-        Found::Empty => {
-            // Nothing to map: report it as the zeroed region it will become.
-            let region = region_file::anonymous();
-            let platform = LinuxPlatform::private();
-            let info = FileInfo {
-                path: shown.clone(),
-                len: 0,
-                verdict: Verdict::Fresh,
-            };
-            report_of(region, &platform, info)
-        }
-        Found::Other => {
-            let file = region_file::open(path, OpenMode::ReadOnly)
-                .map_err(|e| open_error(path, e, OpenMode::ReadOnly))?;
-            let platform = LinuxPlatform::new(file.fd(), SharedRegion::SIZE);
-            let info = FileInfo {
-                path: shown.clone(),
-                len: file_len(&file),
-                verdict: file.verdict(),
-            };
-            report_of(file.region(), &platform, info)
-        }
-    };
+    let (report, findings) = report_of(|| copy_of(path))?;
     let problems = inspect::has_problems(&findings);
     match action {
         Action::Print => print!("{}", inspect::render_text(&report, &findings)),
@@ -390,8 +375,7 @@ fn version_cmd(path: &Path) -> u8 {
 /// Opens the file read-write for an action that must write, refusing layouts that are not
 /// initialised (nothing to act on) or refused by validation.
 fn open_rw(path: &Path) -> Result<RegionFile, Fail> {
-    region_file::open(path, OpenMode::ReadWrite)
-        .map_err(|e| open_error(path, e, OpenMode::ReadWrite))
+    region_file::open(path, OpenMode::ReadWrite).map_err(|e| open_error(e, OpenMode::ReadWrite))
 }
 
 fn reap_cmd(path: &Path) -> Result<u8, Fail> {
@@ -647,15 +631,12 @@ fn signal_one(
 
 fn signal_cmd(path: &Path, sig: libc::c_int, name: &str) -> Result<u8, Fail> {
     let shown = path.display().to_string();
-    if let Found::Empty = look(path)? {
-        println!("{shown}: the region is not initialised (empty file); no process to signal");
-        return Ok(EXIT_OK);
-    }
-    let file = region_file::open(path, OpenMode::ReadOnly)
-        .map_err(|e| open_error(path, e, OpenMode::ReadOnly))?;
-    let region = file.region();
-    let platform = LinuxPlatform::new(file.fd(), SharedRegion::SIZE);
-    if file.verdict() == Verdict::Fresh {
+    // A private copy: a file truncated meanwhile cannot fault the tool, and the pids read are
+    // pinned (pidfd) and checked again before each signal anyway.
+    let (snap, _) = copy_of(path)?;
+    let region = snap.region();
+    let platform = LinuxPlatform::private();
+    if snap.verdict() == Verdict::Fresh {
         println!("{shown}: the region is not initialised; no process to signal");
         return Ok(EXIT_OK);
     }
@@ -750,7 +731,9 @@ fn create_new_cmd(path: &Path, force: bool) -> Result<u8, Fail> {
     let (config, errors) = Config::from_process_env();
     config::log_diagnostics(&errors);
     let params = init_params(&config);
-    let file = open_rw(path)?;
+    // A region whose fields are garbage is what --create-new repairs: do not judge them.
+    let file =
+        region_file::open_to_reinitialise(path).map_err(|e| open_error(e, OpenMode::ReadWrite))?;
     let region = file.region();
     let platform = LinuxPlatform::new(file.fd(), SharedRegion::SIZE);
     let verdict = file.verdict();
