@@ -345,6 +345,23 @@ static __attribute__((unused)) int count_lines(const char *log, const char *text
     return n;
 }
 
+/* Has the dead processes' slots reaped: a process that ends holding memory leaves its slot
+ * until it is dead (the driver frees its memory only then), for the next process to attach or
+ * look to reap. A short-lived child attaches (which reaps) and exits holding nothing. */
+static __attribute__((unused)) void reap_dead_slots(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        void (*attach)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "ensure_initialized");
+        if (attach)
+            attach();
+        exit(0);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+}
+
 /* Waits for `pid`; its exit status, or 128 + signal. */
 static __attribute__((unused)) int wait_status(pid_t pid)
 {

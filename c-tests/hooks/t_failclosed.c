@@ -299,8 +299,8 @@ static void table_full(char *self)
     shared_region_t *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     int filled = 0;
-    for (int i = 0; i < ABI_SLOTS; i++)
-        if (r->procs[i].pid == 0 || i >= r->proc_num) {
+    for (int i = 0; i < ABI_SLOTS; i++) /* every slot but ours, dead processes' too */
+        if (r->procs[i].pid != getpid() || i >= r->proc_num) {
             memset(&r->procs[i], 0, sizeof r->procs[i]);
             r->procs[i].pid = sleeper;
             r->procs[i].status = 1;

@@ -190,6 +190,7 @@ int main(int argc, char **argv)
           max_real / MIB, limit / MIB);
     INFO("region usage sampled up to %llu MiB (in-flight reservations included)",
          max_region / MIB);
+    reap_dead_slots();
     CHECK(region_usage(0) == 0, "all usage returned to 0 in the region (%llu)", region_usage(0));
     CHECK(region_live_slots() == 0, "no slot left behind (%d live)", region_live_slots());
     CHECK(real_used(0) == 0 || !on_fake(), "the driver's real usage is back to 0 (%llu)",

@@ -110,6 +110,7 @@ int main(int argc, char **argv)
     CHECK(got + ctx + 64 * MIB > limit && got + ctx <= limit,
           "the dead process's memory is available again: the next one got %llu MiB + context "
           "%llu MiB of %llu MiB", got / MIB, ctx / MIB, limit / MIB);
+    reap_dead_slots();
     CHECK(region_usage(0) == 0, "the region is empty at the end (%llu)", region_usage(0));
     CHECK(!on_fake() || real_used(0) == 0, "the driver's real usage is 0 at the end (%llu)",
           real_used(0));

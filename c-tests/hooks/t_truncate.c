@@ -88,6 +88,12 @@ static int hold(const char *limit_env)
           (int)r);
     if (r == CUDA_SUCCESS)
         cuMemFree_v2(big);
+    CUdeviceptr small;
+    r = cuMemAlloc_v2(&small, 64 * MIB);
+    CHECK(r == CUDA_SUCCESS, "an allocation under the limit is admitted again (%d): the region "
+          "was initialised anew and the process registered", (int)r);
+    if (r == CUDA_SUCCESS)
+        cuMemFree_v2(small);
     r = cuMemFree_v2(held);
     CHECK(r == CUDA_SUCCESS, "the memory held before the truncation is freed (%d)", (int)r);
     CHECK(file_len(cache) == (long long)sizeof(shared_region_t) + 1,

@@ -167,6 +167,18 @@ pub fn reap<P: Platform, const S: usize, const D: usize>(
     platform: &P,
     guard: &OwnerGuard<'_, P, S, D>,
 ) -> usize {
+    reap_released(region, platform, guard, &mut |_| false)
+}
+
+/// [`reap`], leaving a dead process's slot while `on_gpu` says the driver still holds memory
+/// for it (its teardown outlives the process): freeing the count earlier would admit others
+/// into memory that is still in use.
+pub fn reap_released<P: Platform, const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    platform: &P,
+    guard: &OwnerGuard<'_, P, S, D>,
+    on_gpu: &mut dyn FnMut(&ProcSlot<D>) -> bool,
+) -> usize {
     let me = guard.owner();
     let mut freed = 0;
     for slot in region.live_range() {
@@ -187,7 +199,7 @@ pub fn reap<P: Platform, const S: usize, const D: usize>(
         if owner == me {
             continue;
         }
-        if platform.liveness(owner) == Liveness::Dead {
+        if platform.liveness(owner) == Liveness::Dead && !on_gpu(slot) {
             free(slot);
             freed += 1;
         }

@@ -75,6 +75,18 @@
 #define HAMI_WAIT_STATUS_ALL_MS 1000
 
 /*
+ Faults inside a mapping whose file already has its size, before the handler gives up on the
+ file and maps zero pages (a peer's handler may have re-extended the file first: those
+ faults are retried; a full file system would fault forever).
+ */
+#define MAX_RETRIES 64
+
+/*
+ Timing of [`acquire`]. The defaults suit slot-table changes, which take microseconds.
+ */
+typedef struct LockConfig LockConfig;
+
+/*
  Per-device memory usage of one process (`device_memory_t`, 64 bytes).
  */
 typedef struct {
@@ -296,6 +308,8 @@ typedef shared_region_t SharedRegion;
  The ABI slot: exactly HAMi-core v1.2's `shrreg_proc_slot_t`.
  */
 typedef shrreg_proc_slot_t SharedProcSlot;
+
+
 
 
 

@@ -364,6 +364,16 @@ impl Runtime {
             self.platform.refresh_identity();
         }
         let me = self.platform.self_id();
+        if crate::region_guard::take_truncation_event() {
+            // The file was cut under us (the guard extended it again, with zeros): redo a zeroed
+            // header with our limits before registering in the slots that are now empty.
+            let _ = init::ensure_initialised(
+                self.region,
+                &self.platform,
+                &init_params(&self.config),
+                INIT_LOCK_TIMEOUT_NS,
+            );
+        }
         if let Some(i) = slots::find_own(self.region, cached, me) {
             self.slot.store(i, Ordering::Relaxed);
             process::set_exit_slot(self.region, i, me);
@@ -513,6 +523,7 @@ impl Runtime {
     /// Reaps if one is due (see [`Runtime::reap_due`]).
     fn reap_if_due(&self) {
         if self.shared && self.reap_due() {
+            crate::region_guard::check_replaced(self.platform.now_ns());
             self.reap_now();
         }
     }
@@ -521,10 +532,13 @@ impl Runtime {
     /// were freed. The work is bounded by the table: each [`slots::reap`] round frees at most
     /// its batch, and rounds stop at the first that frees less.
     pub fn reap_now(&self) -> usize {
+        let mut on_gpu = GpuHolders::default();
         self.with_owner_lock(&TRY_ONCE, |g| {
             let mut freed = 0;
             loop {
-                let n = slots::reap(self.region, &self.platform, g);
+                let n = slots::reap_released(self.region, &self.platform, g, &mut |slot| {
+                    on_gpu.still_holds(slot)
+                });
                 freed += n;
                 if n < slots::REAP_BATCH {
                     return freed;
@@ -532,5 +546,34 @@ impl Runtime {
             }
         })
         .unwrap_or(0)
+    }
+}
+
+/// Whether the driver still holds memory for a dead process, by NVML's process list (asked once
+/// per device per reap, only when a dead slot with usage there is found). A process's memory
+/// outlives it: the driver tears its contexts down after the process is gone (on an H200,
+/// slots reaped at zombie time let the GPU run 0.6 GiB past an 8 GiB limit while 32 processes
+/// exited). Without NVML nothing can be told, and the slot is reaped.
+#[derive(Default)]
+struct GpuHolders {
+    lists: [Option<Option<Vec<u32>>>; ABI_DEVS],
+}
+
+impl GpuHolders {
+    fn still_holds(&mut self, slot: &hami_shm::layout::SharedProcSlot) -> bool {
+        let host = slot.hostpid.load(Ordering::Relaxed);
+        let pid = slot.pid.load(Ordering::Relaxed);
+        (0..ABI_DEVS)
+            .filter(|&d| slot.used[d].total.load(Ordering::Relaxed) != 0)
+            .any(|d| {
+                let listed = self.lists[d].get_or_insert_with(|| {
+                    crate::hooks::host_pid::processes(d)
+                        .map(|l| l.iter().filter(|p| p.1 != 0).map(|p| p.0).collect())
+                });
+                listed.as_ref().is_some_and(|pids| {
+                    pids.iter()
+                        .any(|&p| (host > 0 && p == host as u32) || p == pid as u32)
+                })
+            })
     }
 }
