@@ -14,6 +14,7 @@
 //! - [`seqlock`]: per-slot accounting writer and reader.
 //! - [`admission`]: reserve/release against the limit across processes.
 //! - [`bucket`]: the region-wide SM token bucket and its controller.
+//! - [`context`]: admitting a CUDA context at its real cost, learnt once per device.
 //! - [`envparse`]: HAMi-core's size syntax (`1g`, `1024m`, `0x...`), strictly.
 #![no_std]
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@
 
 pub mod admission;
 pub mod bucket;
+pub mod context;
 pub mod envparse;
 pub mod init;
 pub mod layout;
