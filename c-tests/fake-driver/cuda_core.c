@@ -560,8 +560,8 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, uns
 {
     FK_LOCKED_CTX(ctx_create_v4(pctx, ctxCreateParams, flags, dev));
 }
-CUresult cuCtxDestroy(CUcontext ctx) { FK_LOCKED(ctx_destroy(ctx)); }
-CUresult cuCtxDestroy_v2(CUcontext ctx) { FK_LOCKED(ctx_destroy(ctx)); }
+CUresult cuCtxDestroy(CUcontext ctx) { FK_LOCKED_DESTROY(ctx_destroy(ctx)); }
+CUresult cuCtxDestroy_v2(CUcontext ctx) { FK_LOCKED_DESTROY(ctx_destroy(ctx)); }
 CUresult cuCtxGetCurrent(CUcontext *pctx) { FK_LOCKED(ctx_get_current(pctx)); }
 CUresult cuCtxSetCurrent(CUcontext ctx) { FK_LOCKED(ctx_set_current(ctx)); }
 CUresult cuCtxPushCurrent(CUcontext ctx) { FK_LOCKED(ctx_push(ctx)); }
@@ -670,8 +670,8 @@ static CUresult pctx_set_flags(CUdevice dev, unsigned int flags, int v2)
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { FK_LOCKED_CTX(pctx_retain(pctx, dev)); }
-CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { FK_LOCKED(pctx_release(dev)); }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { FK_LOCKED(pctx_release(dev)); }
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { FK_LOCKED_DESTROY(pctx_release(dev)); }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { FK_LOCKED_DESTROY(pctx_release(dev)); }
 CUresult cuDevicePrimaryCtxReset(CUdevice dev) { FK_LOCKED(pctx_reset(dev)); }
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { FK_LOCKED(pctx_reset(dev)); }
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)

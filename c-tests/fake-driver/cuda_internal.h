@@ -59,6 +59,17 @@ extern int g_vis[FAKE_MAX_DEV]; /* ordinal -> physical */
         return fk_r_;                                                             \
     } while (0)
 
+/* FK_LOCKED for context destruction: a real destroy takes tens of milliseconds before the
+ * context's memory is free and the call returns, which FAKE_CTX_DESTROY_MS models before the
+ * memory is given back, outside the lock. */
+#define FK_LOCKED_DESTROY(expr)                                                   \
+    do {                                                                          \
+        unsigned long long fk_ms_ = g_cfg.ctx_destroy_ms;                         \
+        if (fk_ms_)                                                               \
+            fake_sleep_until(fake_now_ns() + fk_ms_ * 1000000ULL);                \
+        FK_LOCKED(expr);                                                          \
+    } while (0)
+
 #define FK_REQUIRE_INIT()                       \
     do {                                        \
         if (!g_inited)                          \

@@ -1462,6 +1462,7 @@ static void knobs_small(void)
     setenv("FAKE_CUDA_VERSION", "11080", 1);
     setenv("FAKE_GRAPH_BLOCKS", "5", 1);
     setenv("FAKE_CTX_CREATE_MS", "50", 1);
+    setenv("FAKE_CTX_DESTROY_MS", "40", 1);
     CU(CUDA_SUCCESS, cuDriverGetVersion(&v));
     EQ(11080, v, "FAKE_CUDA_VERSION=11080 before cuInit");
     CU(CUDA_SUCCESS, cuInit(0));
@@ -1471,6 +1472,14 @@ static void knobs_small(void)
     CU(CUDA_SUCCESS, cuDevicePrimaryCtxRetain(&c, 0));
     double took = ms_since(t0);
     check(took >= 50, "FAKE_CTX_CREATE_MS=50: the retain took %.1f ms", took);
+    {
+        CUcontext extra;
+        CU(CUDA_SUCCESS, cuCtxCreate_v2(&extra, 0, 0));
+        t0 = now_ns();
+        CU(CUDA_SUCCESS, cuCtxDestroy_v2(extra));
+        took = ms_since(t0);
+        check(took >= 40, "FAKE_CTX_DESTROY_MS=40: the destroy took %.1f ms", took);
+    }
     CU(CUDA_SUCCESS, cuCtxSetCurrent(c));
     EQ(0, mine(0), "FAKE_CTX_BYTES=0: a free context");
     CU(CUDA_SUCCESS, cuMemAlloc_v2(&p, 1));

@@ -73,6 +73,10 @@ t sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CO
 t failclosed 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_failclosed"
 # 32 processes hammer 2 GiB while a lock holder is stopped and 8 of them are SIGKILLed.
 t hammer 120 CUDA_DEVICE_MEMORY_LIMIT=2g HK_LIMIT=2g HK_PROCS=32 HK_SECONDS=6 FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hammer"
+# Contexts: 32 processes retain a 500 MiB context at once (created in 300 ms, destroyed in
+# 200 ms) under 8 GiB: 16 admitted, real usage sampled within the limit; 16 under 6 GiB: 12.
+t herd 120 CUDA_DEVICE_MEMORY_LIMIT=8g HK_LIMIT=8g HK_PROCS=32 FAKE_CTX_BYTES=500m FAKE_CTX_CREATE_MS=300 FAKE_CTX_DESTROY_MS=200 -- "$build/t_herd"
+t herd-6g 120 CUDA_DEVICE_MEMORY_LIMIT=6g HK_LIMIT=6g HK_PROCS=16 FAKE_CTX_BYTES=500m FAKE_CTX_CREATE_MS=300 FAKE_CTX_DESTROY_MS=200 -- "$build/t_herd"
 t devices 120 FAKE_CUDA_DEVICES=2 CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g FAKE_CTX_BYTES=64m -- "$build/t_devices"
 t config 120 -- bash "$here/config.sh" "$build"
 t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"
