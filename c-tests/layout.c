@@ -24,10 +24,20 @@ int main(void) {
     SIZE(_Atomic int32_t, 4);
 
     SIZE(device_memory_t, 64);
-    /* Our SM bucket in the tail of each 96-byte UUID entry: the string keeps its first 56 bytes. */
+    /* A UUID entry is the 96-byte string, nothing else (HAMi's monitor compares all 96 bytes). */
     SIZE(DeviceUuid, 96);
+    /* Our tail: one page at the first page boundary after the region and C's byte at its end. */
     SIZE(SmBucket, 40);
-    OFF(DeviceUuid, bucket, 56);
+    SIZE(hami_ext_t, 4096);
+    CHECK("EXT_OFFSET", EXT_OFFSET, 2011136);
+    CHECK("EXT_END", EXT_END, 2011136 + 4096);
+    OFF(hami_ext_t, magic, 0);
+    OFF(hami_ext_t, version, 8);
+    OFF(hami_ext_t, devs, 12);
+    OFF(hami_ext_t, buckets, 16);
+    OFF(hami_ext_t, buckets[1].spent, 16 + 40 + 32);
+    OFF(hami_ext_t, context_cost, 16 + 16 * 40);
+    OFF(hami_ext_t, reserved, 16 + 16 * 40 + 16 * 8);
     OFF(device_memory_t, context_size, 0);
     OFF(device_memory_t, module_size, 8);
     OFF(device_memory_t, data_size, 16);

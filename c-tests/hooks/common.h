@@ -108,6 +108,19 @@ static __attribute__((unused)) double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+/* A kernel that does nothing: over the stand-in driver a launch keeps the GPU busy for its block
+ * count (FAKE_NS_PER_BLOCK each) whatever the code. */
+static __attribute__((unused)) CUfunction load_spin_kernel(void)
+{
+    static const char ptx[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
+                              ".visible .entry spin()\n{\n ret;\n}\n";
+    CUmodule mod;
+    CUfunction f;
+    CU(cuModuleLoadData(&mod, ptx));
+    CU(cuModuleGetFunction(&f, mod, "spin"));
+    return f;
+}
+
 /* ---------------- the shared region ---------------- */
 
 static shared_region_t *g_region;

@@ -87,14 +87,24 @@ t_unshared smlimit-uptime 60 "--time --fork --monotonic 2200000" \
     CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"
 # Without NVML (it cannot be initialised): the limit holds on the launch rate alone.
 t smlimit-no-nvml 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m FAKE_NVML_FAIL=init -- "$build/t_smlimit"
+# A limit above the GPU's memory: HAMi-core's views with CUDA_OVERSUBSCRIBE=true, capped without.
+t oversub 60 FAKE_GPU_MEM_MB=1024 CUDA_DEVICE_MEMORY_LIMIT=2g HK_LIMIT=2g HK_OVERSUB=1 \
+    CUDA_OVERSUBSCRIBE=true FAKE_CTX_BYTES=64m -- "$build/t_oversub"
+t oversub-off 60 FAKE_GPU_MEM_MB=1024 CUDA_DEVICE_MEMORY_LIMIT=2g HK_LIMIT=2g HK_OVERSUB=0 \
+    FAKE_CTX_BYTES=64m -- "$build/t_oversub"
 t hostpid 120 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
 # The same in a pid namespace of its own, where check (c) takes its other branch.
 t_unshared hostpid-pidns 120 "--pid --fork --mount-proc" \
     CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
 if command -v python3 >/dev/null; then
+    # Under HAMi's monitor (a port of its Go feedback loop and metric reads): SM limit and
+    # priority between containers, the metrics, the bytes it reads, suspend/resume.
+    t monitor 90 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m HK_BUILD="$build" \
+        HK_TOOL="$(dirname "$vgpu")/shrreg-tool" -- python3 "$here/t_monitor.py"
     t ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- python3 "$here/t_ctypes.py"
 else
     rows+=("ctypes           SKIPPED (no python3)")
+    rows+=("monitor          SKIPPED (no python3)")
 fi
 
 echo "=== hook tests over the stand-in driver"

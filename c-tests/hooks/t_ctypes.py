@@ -6,17 +6,11 @@ import ctypes
 import os
 import sys
 
+from hk import Checks
+
 MIB = 1 << 20
-passed = failed = 0
-
-
-def check(ok, msg):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-    print(("PASS" if ok else "FAIL") + " [ctypes] " + msg, flush=True)
+checks = Checks("ctypes")
+check = checks.check
 
 
 def size(s):
@@ -94,5 +88,4 @@ for p in ptrs:
 assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
 check(total.value - free.value == ctx_cost, "after the frees only the context is counted")
 assert cuda.cuCtxDestroy_v2(ctx) == 0
-print("ctypes: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+checks.finish()

@@ -26,17 +26,6 @@
 #define WARMUP_S 3.0
 #define MEASURE_S 3.0
 
-static CUfunction load_kernel(void)
-{
-    static const char ptx[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
-                              ".visible .entry spin()\n{\n ret;\n}\n";
-    CUmodule mod;
-    CUfunction f;
-    CU(cuModuleLoadData(&mod, ptx));
-    CU(cuModuleGetFunction(&f, mod, "spin"));
-    return f;
-}
-
 /* Maps the region writable, as HAMi's monitor does, to set its scheduler fields. */
 static shared_region_t *region_rw(void)
 {
@@ -74,7 +63,7 @@ static int worker(const char *out, const char *mode)
     CUcontext ctx;
     CU(cuDeviceGet(&dev, mode && strcmp(mode, "dev1") == 0 ? 1 : 0));
     CU(cuCtxCreate_v2(&ctx, 0, dev));
-    CUfunction f = load_kernel();
+    CUfunction f = load_spin_kernel();
     shared_region_t *r = region_rw();
     pthread_t lifter;
     int gate = mode && strcmp(mode, "gate") == 0;

@@ -7,10 +7,11 @@
 //! Extensions (bytes that upstream leaves unused and zero, documented in docs/protocols.md):
 //! - `ProcSlot::unused[0]` holds the owner's pid and start tag (see [`crate::platform::ProcId`]), so a
 //!   slot whose pid was reused by an unrelated process is recognised as dead.
-//! - The last 40 bytes of each 96-byte UUID entry hold that device's SM token bucket
-//!   ([`SmBucket`]). UUIDs are 40-character strings (`GPU-` + 36; the longest, old-style MIG
-//!   names, 48), written NUL-terminated by NVML, so C peers and HAMi's monitor, which read them
-//!   as strings, never look past byte 56.
+//!
+//! Everything else of ours lives in the [`Ext`] tail of the file, at [`EXT_OFFSET`], beyond every
+//! byte that C peers and HAMi's monitor map. The monitor keys containers by the whole 96-byte UUID
+//! entry (`string(uuid[:])` in HAMi's `pkg/monitor/nvidia/v1/spec.go`), so an entry holds the UUID
+//! text and zeros, nothing else (docs/monitor-contract.md has the map and why).
 
 use crate::sync::{AtomicI32, AtomicU32, AtomicU64, DataAtomicU64, DataAtomicU8, Ordering};
 
@@ -59,11 +60,8 @@ impl RawSem {
     }
 }
 
-/// Bytes of a UUID entry that hold the string; the rest is the [`SmBucket`].
-pub const UUID_TEXT_LEN: usize = 56;
-
 /// The SM-limit token bucket of one device, shared by every process of the region (our
-/// extension, in the UUID entry's tail; see the module docs).
+/// extension, in [`Ext::buckets`]).
 #[repr(C)]
 pub struct SmBucket {
     /// Tokens available (an `i64` stored as bits: negative is debt).
@@ -80,14 +78,99 @@ pub struct SmBucket {
     pub spent: AtomicU64,
 }
 
-/// One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string, then our
-/// bucket.
+/// One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string and zeros after
+/// it, as the C library leaves it; HAMi's monitor compares all 96 bytes.
 #[repr(C)]
 pub struct DeviceUuid {
-    /// NUL-terminated UUID string.
-    pub text: [DataAtomicU8; UUID_TEXT_LEN],
-    /// The device's SM token bucket.
-    pub bucket: SmBucket,
+    /// NUL-terminated UUID string, zero-padded.
+    pub text: [DataAtomicU8; UUID_LEN],
+}
+
+impl DeviceUuid {
+    /// Stores `uuid` (up to its first NUL, at most 95 bytes) and zeros in every byte after it, so
+    /// that two processes naming one GPU leave identical entries.
+    pub fn store(&self, uuid: &[u8]) {
+        let len = uuid
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(uuid.len())
+            .min(UUID_LEN - 1);
+        for (i, cell) in self.text.iter().enumerate() {
+            cell.store(if i < len { uuid[i] } else { 0 }, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Magic of an initialised [`Ext`] (`"HAMIRSX1"`, little-endian).
+pub const EXT_MAGIC: u64 = u64::from_le_bytes(*b"HAMIRSX1");
+/// Version of the [`Ext`] layout.
+pub const EXT_VERSION: u32 = 1;
+/// Where the [`Ext`] tail starts in the file: the first page boundary after the v1.2 region and
+/// the byte C peers write at offset `SIZE` (2,011,136).
+pub const EXT_OFFSET: usize = ext_offset(SharedRegion::SIZE);
+/// Bytes of the region file that this library maps: the region, a gap, and the [`Ext`] tail.
+pub const EXT_END: usize = EXT_OFFSET + core::mem::size_of::<Ext>();
+
+/// Where the tail of a region of `region_size` bytes starts (the ABI's is [`EXT_OFFSET`]).
+pub const fn ext_offset(region_size: usize) -> usize {
+    (region_size + 1).next_multiple_of(4096)
+}
+/// 64-bit words of [`Ext::reserved`]: the tail fills one page.
+pub const EXT_RESERVED_WORDS: usize = 414;
+
+/// Our extension of the region file: a page after the v1.2 region that neither C peers (which map
+/// `SIZE` bytes) nor HAMi's monitor (which reads `sizeof(sharedRegionT)` bytes) touch. All zero is
+/// a valid state of every field (unmetered buckets, free leases, no cost recorded), so a file
+/// that a C peer created works as soon as it is extended.
+#[repr(C)]
+pub struct Ext {
+    /// [`EXT_MAGIC`] once one of our processes has mapped the tail (informative: zero is valid).
+    pub magic: AtomicU64,
+    /// [`EXT_VERSION`].
+    pub version: AtomicU32,
+    /// Devices described ([`ABI_DEVS`]).
+    pub devs: AtomicU32,
+    /// SM token bucket per region device.
+    pub buckets: [SmBucket; ABI_DEVS],
+    /// Reserved for the per-device context cost (bytes a context takes on that device, issue 17);
+    /// 0 until written.
+    pub context_cost: [AtomicU64; ABI_DEVS],
+    /// Zero; later extensions take words from here, and bump [`EXT_VERSION`].
+    pub reserved: [AtomicU64; EXT_RESERVED_WORDS],
+}
+
+impl Ext {
+    /// An all-zero tail, as a freshly extended file maps.
+    pub fn zeroed() -> Self {
+        Ext {
+            magic: AtomicU64::new(0),
+            version: AtomicU32::new(0),
+            devs: AtomicU32::new(0),
+            buckets: core::array::from_fn(|_| SmBucket::zeroed()),
+            context_cost: zeroed_u64s(),
+            reserved: zeroed_u64s(),
+        }
+    }
+
+    /// Marks the tail as ours (idempotent; racing callers store the same values).
+    pub fn mark(&self) {
+        self.version.store(EXT_VERSION, Ordering::Relaxed);
+        self.devs.store(ABI_DEVS as u32, Ordering::Relaxed);
+        self.magic.store(EXT_MAGIC, Ordering::Release);
+    }
+}
+
+impl SmBucket {
+    /// A fresh bucket: no tokens, unmetered (rate 0), lease free.
+    pub fn zeroed() -> Self {
+        SmBucket {
+            tokens: AtomicU64::new(0),
+            rate: AtomicU64::new(0),
+            refilled_ns: AtomicU64::new(0),
+            lease: AtomicU64::new(0),
+            spent: AtomicU64::new(0),
+        }
+    }
 }
 
 /// Per-device memory usage of one process (`device_memory_t`, 64 bytes).
@@ -161,7 +244,7 @@ pub struct Region<const SLOTS: usize, const DEVS: usize> {
     pub sem: RawSem,
     /// Number of devices whose UUIDs are recorded.
     pub device_num: AtomicU64,
-    /// Device UUID strings (NUL-terminated), each followed by the device's SM bucket.
+    /// Device UUID strings, NUL-terminated and zero-padded.
     pub uuids: [DeviceUuid; DEVS],
     /// Memory limit per device in bytes; 0 means unlimited.
     pub limit: [AtomicU64; DEVS],
@@ -253,13 +336,6 @@ impl<const SLOTS: usize, const DEVS: usize> Region<SLOTS, DEVS> {
             device_num: AtomicU64::new(0),
             uuids: core::array::from_fn(|_| DeviceUuid {
                 text: core::array::from_fn(|_| DataAtomicU8::new(0)),
-                bucket: SmBucket {
-                    tokens: AtomicU64::new(0),
-                    rate: AtomicU64::new(0),
-                    refilled_ns: AtomicU64::new(0),
-                    lease: AtomicU64::new(0),
-                    spent: AtomicU64::new(0),
-                },
             }),
             limit: zeroed_u64s(),
             sm_limit: zeroed_u64s(),
@@ -297,8 +373,18 @@ mod pinned {
     const_assert_eq!(align_of::<RawSem>(), 8);
 
     const_assert_eq!(size_of::<DeviceUuid>(), UUID_LEN);
-    const_assert_eq!(offset_of!(DeviceUuid, bucket), UUID_TEXT_LEN);
     const_assert_eq!(size_of::<SmBucket>(), 40);
+
+    // The tail: one page, at the first page boundary past the region and C's byte at SIZE.
+    const_assert_eq!(EXT_OFFSET, 2_011_136);
+    const_assert_eq!(size_of::<Ext>(), 4096);
+    const_assert_eq!(EXT_END, 2_015_232);
+    const_assert_eq!(offset_of!(Ext, magic), 0);
+    const_assert_eq!(offset_of!(Ext, version), 8);
+    const_assert_eq!(offset_of!(Ext, devs), 12);
+    const_assert_eq!(offset_of!(Ext, buckets), 16);
+    const_assert_eq!(offset_of!(Ext, context_cost), 656);
+    const_assert_eq!(offset_of!(Ext, reserved), 784);
 
     const_assert_eq!(size_of::<DeviceMemory>(), 64);
     const_assert_eq!(align_of::<DeviceMemory>(), 8);
@@ -346,4 +432,44 @@ mod pinned {
     const_assert_eq!(offset_of!(SharedRegion, priority), 2_008_908);
     const_assert_eq!(offset_of!(SharedRegion, last_kernel_time), 2_008_912);
     const_assert_eq!(offset_of!(SharedRegion, sem_postinit), 2_008_920);
+}
+
+#[cfg(all(test, not(any(loom, shuttle))))]
+mod tests {
+    use super::*;
+
+    fn bytes(u: &DeviceUuid) -> [u8; UUID_LEN] {
+        core::array::from_fn(|i| u.text[i].load(Ordering::Relaxed))
+    }
+
+    /// An entry is the text and zeros, whatever was there before, so two processes naming one GPU
+    /// leave the 96 bytes HAMi's monitor compares identical.
+    #[test]
+    fn a_uuid_entry_is_its_text_and_zeros() {
+        let u = DeviceUuid {
+            text: core::array::from_fn(|_| DataAtomicU8::new(0xAA)),
+        };
+        u.store(b"GPU-1234\0garbage");
+        let mut want = [0u8; UUID_LEN];
+        want[..8].copy_from_slice(b"GPU-1234");
+        assert_eq!(bytes(&u), want);
+        // At most 95 bytes of text: the entry stays NUL-terminated.
+        u.store(&[b'x'; 200]);
+        let b = bytes(&u);
+        assert!(b[..UUID_LEN - 1].iter().all(|&c| c == b'x'));
+        assert_eq!(b[UUID_LEN - 1], 0);
+    }
+
+    #[test]
+    fn a_zeroed_tail_is_unmetered_and_unleased() {
+        let e = Ext::zeroed();
+        assert!(e
+            .buckets
+            .iter()
+            .all(|b| b.rate.load(Ordering::Relaxed) == 0 && b.lease.load(Ordering::Relaxed) == 0));
+        e.mark();
+        assert_eq!(e.magic.load(Ordering::Relaxed), EXT_MAGIC);
+        assert_eq!(e.version.load(Ordering::Relaxed), EXT_VERSION);
+        assert_eq!(e.devs.load(Ordering::Relaxed), ABI_DEVS as u32);
+    }
 }

@@ -9,7 +9,7 @@
 use core::fmt;
 
 use crate::layout::{
-    RawSem, Region, ABI_DEVS, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
+    Ext, RawSem, Region, ABI_DEVS, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
 };
 use crate::sync::Ordering;
 
@@ -236,18 +236,22 @@ fn u64_at(header: &[u8], offset: usize) -> u64 {
 }
 
 /// Classifies a region file from its first bytes and its length. `region_size` is
-/// `Region::SIZE` of the layout the caller maps (the file is normally one byte longer, as the C
-/// original writes a byte at offset `size`). Never panics, whatever the bytes.
+/// `Region::SIZE` of the layout the caller maps (the file is one byte longer where the C original
+/// made it, as it writes a byte at offset `size`, and at least as long as our tail, the
+/// [`Ext`] page at [`crate::layout::ext_offset`], once one of our processes extended it). Never
+/// panics, whatever the bytes.
 pub fn classify(header: &[u8], file_len: u64, region_size: usize) -> Result<Verdict, Refusal> {
     let size = region_size as u64;
     let shifted = size + L1_SHIFT as u64;
+    let ext_end =
+        crate::layout::ext_offset(region_size) as u64 + core::mem::size_of::<Ext>() as u64;
     if file_len == 0 {
         return Ok(Verdict::Fresh);
     }
     if file_len < size || header.len() < HEADER_LEN {
         return Err(Refusal::Truncated { len: file_len });
     }
-    let ours = file_len == size || file_len == size + 1;
+    let ours = file_len == size || file_len == size + 1 || file_len >= ext_end;
     let l1_sized = file_len == shifted || file_len == shifted + 1;
     if !ours && !l1_sized {
         return Err(Refusal::WrongSize { len: file_len });
@@ -282,7 +286,7 @@ pub fn classify(header: &[u8], file_len: u64, region_size: usize) -> Result<Verd
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::SharedRegion;
+    use crate::layout::{SharedRegion, EXT_END};
 
     const SIZE: usize = SharedRegion::SIZE;
 
@@ -328,6 +332,15 @@ mod tests {
         let h = header(MAGIC, 1, 2);
         assert_eq!(classify(&h, file(SIZE + 1), SIZE), Ok(Verdict::Ready));
         assert_eq!(classify(&h, file(SIZE), SIZE), Ok(Verdict::Ready));
+        // Extended with our tail (and anything longer: the monitor, too, accepts a longer file).
+        assert_eq!(classify(&h, file(EXT_END + 1), SIZE), Ok(Verdict::Ready));
+        assert_eq!(classify(&h, file(EXT_END), SIZE), Ok(Verdict::Ready));
+        assert_eq!(
+            classify(&h, file(EXT_END - 1), SIZE),
+            Err(Refusal::WrongSize {
+                len: (EXT_END - 1) as u64
+            })
+        );
         // A v1.2 file that an L1 process extended is still ours.
         assert_eq!(
             classify(&h, file(SIZE + L1_SHIFT + 1), SIZE),

@@ -16,7 +16,11 @@
 #define ABI_SLOTS 1024
 #define ABI_DEVS 16
 #define UUID_LEN 96
-#define UUID_TEXT_LEN 56
+#define EXT_MAGIC 0x31585352494d4148ULL
+#define EXT_VERSION 1
+#define EXT_OFFSET 2011136
+#define EXT_END 2015232
+#define EXT_RESERVED_WORDS 414
 #define STATUS_EXITED 0
 #define STATUS_RUNNING 1
 #define STATUS_SUSPENDED 2
@@ -182,47 +186,14 @@ typedef struct {
 } shrreg_proc_slot_t;
 
 /*
- The SM-limit token bucket of one device, shared by every process of the region (our
- extension, in the UUID entry's tail; see the module docs).
+ One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string and zeros after
+ it, as the C library leaves it; HAMi's monitor compares all 96 bytes.
  */
 typedef struct {
   /*
-   Tokens available (an `i64` stored as bits: negative is debt).
+   NUL-terminated UUID string, zero-padded.
    */
-  _Atomic uint64_t tokens;
-  /*
-   Refill rate in tokens per second, set by the controller.
-   */
-  _Atomic uint64_t rate;
-  /*
-   Monotonic nanoseconds of the last refill.
-   */
-  _Atomic uint64_t refilled_ns;
-  /*
-   Controller lease: holder pid in the high 32 bits, expiry in monotonic milliseconds
-   (wrapping) in the low 32.
-   */
-  _Atomic uint64_t lease;
-  /*
-   Tokens ever taken by launches (wrapping): the controller's exact count of the work
-   launched in a period, whatever the burst cap did to `tokens`.
-   */
-  _Atomic uint64_t spent;
-} SmBucket;
-
-/*
- One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string, then our
- bucket.
- */
-typedef struct {
-  /*
-   NUL-terminated UUID string.
-   */
-  char text[UUID_TEXT_LEN];
-  /*
-   The device's SM token bucket.
-   */
-  SmBucket bucket;
+  char text[UUID_LEN];
 } DeviceUuid;
 
 /*
@@ -258,7 +229,7 @@ typedef struct {
    */
   _Atomic uint64_t device_num;
   /*
-   Device UUID strings (NUL-terminated), each followed by the device's SM bucket.
+   Device UUID strings, NUL-terminated and zero-padded.
    */
   DeviceUuid uuids[ABI_DEVS];
   /*
@@ -308,6 +279,69 @@ typedef shared_region_t SharedRegion;
  The ABI slot: exactly HAMi-core v1.2's `shrreg_proc_slot_t`.
  */
 typedef shrreg_proc_slot_t SharedProcSlot;
+
+/*
+ The SM-limit token bucket of one device, shared by every process of the region (our
+ extension, in [`Ext::buckets`]).
+ */
+typedef struct {
+  /*
+   Tokens available (an `i64` stored as bits: negative is debt).
+   */
+  _Atomic uint64_t tokens;
+  /*
+   Refill rate in tokens per second, set by the controller.
+   */
+  _Atomic uint64_t rate;
+  /*
+   Monotonic nanoseconds of the last refill.
+   */
+  _Atomic uint64_t refilled_ns;
+  /*
+   Controller lease: holder pid in the high 32 bits, expiry in monotonic milliseconds
+   (wrapping) in the low 32.
+   */
+  _Atomic uint64_t lease;
+  /*
+   Tokens ever taken by launches (wrapping): the controller's exact count of the work
+   launched in a period, whatever the burst cap did to `tokens`.
+   */
+  _Atomic uint64_t spent;
+} SmBucket;
+
+/*
+ Our extension of the region file: a page after the v1.2 region that neither C peers (which map
+ `SIZE` bytes) nor HAMi's monitor (which reads `sizeof(sharedRegionT)` bytes) touch. All zero is
+ a valid state of every field (unmetered buckets, free leases, no cost recorded), so a file
+ that a C peer created works as soon as it is extended.
+ */
+typedef struct {
+  /*
+   [`EXT_MAGIC`] once one of our processes has mapped the tail (informative: zero is valid).
+   */
+  _Atomic uint64_t magic;
+  /*
+   [`EXT_VERSION`].
+   */
+  _Atomic uint32_t version;
+  /*
+   Devices described ([`ABI_DEVS`]).
+   */
+  _Atomic uint32_t devs;
+  /*
+   SM token bucket per region device.
+   */
+  SmBucket buckets[ABI_DEVS];
+  /*
+   Reserved for the per-device context cost (bytes a context takes on that device, issue 17);
+   0 until written.
+   */
+  _Atomic uint64_t context_cost[ABI_DEVS];
+  /*
+   Zero; later extensions take words from here, and bump [`EXT_VERSION`].
+   */
+  _Atomic uint64_t reserved[EXT_RESERVED_WORDS];
+} hami_ext_t;
 
 
 
@@ -550,7 +584,7 @@ int shrreg_minor_version(void);
 /*
  Writes the device count and UUIDs (from NVML, through the hooks) into the region. Returns 0;
  without NVML (no UUID source installed, or NVML failing) it writes nothing and returns 0 too,
- logging once. UUIDs are cut to 63 bytes: the rest of each 96-byte entry holds our SM bucket.
+ logging once. Each 96-byte entry holds the UUID (at most 95 bytes) and zeros after it.
  */
 int init_device_info(void);
 

@@ -30,7 +30,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use hami_shm::admission;
 use hami_shm::layout::{
     ProcSlot, SharedProcSlot, ABI_DEVS, ABI_SLOTS, MAJOR_VERSION, MINOR_VERSION, STATUS_RUNNING,
-    STATUS_SUSPENDED, UUID_LEN, UUID_TEXT_LEN,
+    STATUS_SUSPENDED, UUID_LEN,
 };
 use hami_shm::lock::{self, LockConfig, LockError, OwnerGuard};
 use hami_shm::platform::{Liveness, Platform, SemWait};
@@ -848,22 +848,27 @@ static LAST_KERNEL_SECOND: AtomicU64 = AtomicU64::new(0);
 #[no_mangle]
 pub extern "C" fn pre_launch_kernel() {
     ffi((), || {
-        let Some(rt) = rt() else {
-            return;
-        };
-        let now = epoch_seconds();
-        let last = LAST_KERNEL_SECOND.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < rt.config.kernel_interval_s {
-            return;
+        if let Some(rt) = rt() {
+            record_kernel_launch(rt);
         }
-        if LAST_KERNEL_SECOND
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        rt.region.last_kernel_time.fetch_max(now, Ordering::AcqRel);
     })
+}
+
+/// `pre_launch_kernel` for the launch hooks: the coarse real-time clock (read in the vDSO, no
+/// system call), one relaxed load, and a store into the region at most once per interval.
+pub(crate) fn record_kernel_launch(rt: &Runtime) {
+    let now = epoch_seconds();
+    let last = LAST_KERNEL_SECOND.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < rt.config.kernel_interval_s {
+        return;
+    }
+    if LAST_KERNEL_SECOND
+        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    rt.region.last_kernel_time.fetch_max(now, Ordering::AcqRel);
 }
 
 /// The region's `recent_kernel` (the priority gate HAMi's monitor also writes); 0 without a
@@ -1095,7 +1100,7 @@ pub extern "C" fn shrreg_minor_version() -> c_int {
 
 /// Writes the device count and UUIDs (from NVML, through the hooks) into the region. Returns 0;
 /// without NVML (no UUID source installed, or NVML failing) it writes nothing and returns 0 too,
-/// logging once. UUIDs are cut to 63 bytes: the rest of each 96-byte entry holds our SM bucket.
+/// logging once. Each 96-byte entry holds the UUID (at most 95 bytes) and zeros after it.
 #[no_mangle]
 pub extern "C" fn init_device_info() -> c_int {
     ffi(0, || {
@@ -1114,19 +1119,7 @@ pub extern "C" fn init_device_info() -> c_int {
         };
         rt.region.device_num.store(n as u64, Ordering::Relaxed);
         for (entry, uuid) in rt.region.uuids.iter().zip(uuids.iter()).take(n) {
-            let len = uuid
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(uuid.len())
-                .min(UUID_TEXT_LEN - 1);
-            for (j, cell) in entry.text.iter().enumerate() {
-                let b = if j < len {
-                    uuid.get(j).copied().unwrap_or(0)
-                } else {
-                    0
-                };
-                cell.store(b, Ordering::Relaxed);
-            }
+            entry.store(uuid);
         }
         log_info!("init_device_info: {n} devices recorded");
         0

@@ -77,6 +77,8 @@ pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 pub const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 /// The SM utilisation policy variable.
 pub const UTIL_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// Set to `true` by HAMi's device plugin when device memory scaling exceeds 1.
+pub const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// The device visibility variable (CUDA's own).
 pub const VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// The context estimate variable (ours; see `hooks::context`).
@@ -139,6 +141,10 @@ pub struct Config {
     pub context_size: u64,
     /// `RECORD_KERNEL_INTERVAL`, in seconds (at least 1).
     pub kernel_interval_s: u64,
+    /// `CUDA_OVERSUBSCRIBE=true` (HAMi sets it when its memory scaling exceeds 1, so a limit may
+    /// exceed the GPU): NVML and `cuDeviceTotalMem` then report the limit as the total, as
+    /// HAMi-core does (docs/monitor-contract.md).
+    pub oversubscribe: bool,
 }
 
 impl Default for Config {
@@ -155,6 +161,7 @@ impl Default for Config {
             per_device_vars: Vec::new(),
             context_size: DEFAULT_CONTEXT_SIZE,
             kernel_interval_s: DEFAULT_KERNEL_INTERVAL_S,
+            oversubscribe: false,
         }
     }
 }
@@ -511,6 +518,10 @@ impl Config {
                 }
             };
         }
+
+        // Oversubscription: HAMi writes "true"; anything else leaves the views capped.
+        cfg.oversubscribe = lookup(OVERSUBSCRIBE)
+            .is_some_and(|v| matches!(v.trim(), "true" | "TRUE" | "True" | "1"));
 
         // Visible devices.
         if let Some(v) = lookup(VISIBLE_DEVICES) {

@@ -30,8 +30,8 @@ pub use hami_shm as shm;
 
 use hami_shm::admission;
 use hami_shm::layout::{
-    RawSem, Region, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION, STATUS_EXITED,
-    STATUS_RUNNING, STATUS_SUSPENDED,
+    Ext, RawSem, Region, EXT_MAGIC, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
+    STATUS_EXITED, STATUS_RUNNING, STATUS_SUSPENDED,
 };
 use hami_shm::platform::{Liveness, ProcId};
 use hami_shm::seqlock::{self, Usage};
@@ -237,6 +237,56 @@ pub struct Report {
     pub last_kernel_time: u64,
     /// Slots `[0, proc_num)`, clamped to the table.
     pub slots: Vec<Slot>,
+    /// Our extension page, if the file has it (set by the caller: [`ext_snapshot`]).
+    pub ext: Option<ExtReport>,
+}
+
+/// The extension page after the region (docs/monitor-contract.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtReport {
+    /// `magic` is [`EXT_MAGIC`] (one of our processes mapped the page).
+    pub marked: bool,
+    /// `version`.
+    pub version: u32,
+    /// The SM buckets that are not all zero (devices that were limited and launched on).
+    pub buckets: Vec<BucketReport>,
+}
+
+/// One device's SM bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketReport {
+    /// Region device index.
+    pub device: usize,
+    /// Tokens (negative: debt).
+    pub tokens: i64,
+    /// Refill rate, blocks per second (0: unmetered).
+    pub rate: u64,
+    /// Blocks ever launched through it.
+    pub spent: u64,
+    /// Pid of the controller's lease (0: none taken yet).
+    pub lease_pid: u32,
+}
+
+/// Reads the extension page. Loads only.
+pub fn ext_snapshot(ext: &Ext) -> ExtReport {
+    let buckets = ext
+        .buckets
+        .iter()
+        .enumerate()
+        .map(|(device, b)| BucketReport {
+            device,
+            tokens: b.tokens.load(Ordering::Relaxed) as i64,
+            rate: b.rate.load(Ordering::Relaxed),
+            spent: b.spent.load(Ordering::Relaxed),
+            lease_pid: (b.lease.load(Ordering::Relaxed) >> 32) as u32,
+        })
+        .filter(|b| b.tokens != 0 || b.rate != 0 || b.spent != 0 || b.lease_pid != 0)
+        .collect();
+    ExtReport {
+        marked: ext.magic.load(Ordering::Acquire) == EXT_MAGIC,
+        version: ext.version.load(Ordering::Relaxed),
+        buckets,
+    }
 }
 
 /// The bytes of a region UUID entry's NUL-terminated text (without the NUL).
@@ -328,6 +378,7 @@ pub fn snapshot<const S: usize, const D: usize>(
         priority: region.priority.load(Ordering::Relaxed),
         last_kernel_time: region.last_kernel_time.load(Ordering::Relaxed),
         slots,
+        ext: None,
     }
 }
 
@@ -970,6 +1021,31 @@ pub fn render_text(report: &Report, findings: &[Finding]) -> String {
          last_kernel_time {}",
         r.utilization_switch, r.recent_kernel, r.priority, r.last_kernel_time
     );
+    match &r.ext {
+        None => {
+            let _ = writeln!(
+                o,
+                "  extension     none (a file no process of this library opened)"
+            );
+        }
+        Some(e) => {
+            let _ = writeln!(
+                o,
+                "  extension     version {}{}, {} SM bucket{} in use",
+                e.version,
+                if e.marked { "" } else { " (not marked)" },
+                e.buckets.len(),
+                if e.buckets.len() == 1 { "" } else { "s" }
+            );
+            for b in &e.buckets {
+                let _ = writeln!(
+                    o,
+                    "    device {:>2}   rate {}/s, tokens {}, spent {}, controller pid {}",
+                    b.device, b.rate, b.tokens, b.spent, b.lease_pid
+                );
+            }
+        }
+    }
     let _ = writeln!(
         o,
         "devices: device_num {} (the region has {})",
@@ -1283,6 +1359,24 @@ pub fn render_json(report: &Report, findings: &[Finding]) -> String {
         });
         os.end();
     });
+    match &r.ext {
+        None => o.key("ext").push_str("null"),
+        Some(e) => {
+            let mut oe = Obj::new(o.key("ext"));
+            oe.bool("marked", e.marked);
+            oe.num("version", e.version);
+            json_array(oe.key("sm_buckets"), &e.buckets, |out, b| {
+                let mut ob = Obj::new(out);
+                ob.num("device", b.device);
+                ob.num("rate", b.rate);
+                ob.num("tokens", b.tokens);
+                ob.num("spent", b.spent);
+                ob.num("lease_pid", b.lease_pid);
+                ob.end();
+            });
+            oe.end();
+        }
+    }
     o.bool("healthy", !has_problems(findings));
     json_array(o.key("findings"), findings, |out, f| {
         let mut of = Obj::new(out);

@@ -10,3 +10,4 @@ pub mod region_file;
 pub mod region_guard;
 pub mod runtime;
 pub mod sm_limit;
+pub mod suspend;

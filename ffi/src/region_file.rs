@@ -8,9 +8,10 @@
 //!   the container may attach whatever the umask, and the umask is never touched. An existing
 //!   file is opened without `O_CREAT` (which also keeps `fs.protected_regular` from refusing a
 //!   peer's file in a sticky /tmp);
-//! - it must be a regular file whose size and header [`classify`] accepts; only a fresh file
-//!   shorter than the region is extended (one zero byte at offset `SIZE`, as C peers do), and no
-//!   file is ever shrunk;
+//! - it must be a regular file whose size and header [`classify`] accepts; a file shorter than
+//!   our extension tail ([`Ext`], at [`EXT_OFFSET`]) is extended in read-write mode (one zero byte
+//!   at offset [`EXT_END`], beyond every mapped byte, as C peers write one at `SIZE`), and no file
+//!   is ever shrunk;
 //! - every failure is a [`RegionFileError`] whose text is one line: `<path>: <what was found>;
 //!   <how to fix it>`.
 //!
@@ -26,7 +27,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-use hami_shm::layout::SharedRegion;
+use hami_shm::layout::{Ext, SharedRegion, EXT_END, EXT_OFFSET};
 use hami_shm::validate::{check_body, classify, Refusal, Verdict, HEADER_LEN};
 
 use crate::region_guard;
@@ -35,7 +36,7 @@ use crate::region_guard;
 /// original.
 pub const CREATE_MODE: libc::mode_t = 0o666;
 
-/// Bytes mapped: one region.
+/// Bytes of the region C peers and HAMi's monitor share.
 const SIZE: usize = SharedRegion::SIZE;
 
 /// How a region file is opened.
@@ -333,6 +334,7 @@ fn errno() -> i32 {
 pub struct RegionFile {
     fd: OwnedFd,
     map: NonNull<SharedRegion>,
+    /// Bytes mapped: [`EXT_END`] with the tail, `SIZE` for a read-only file a C peer made.
     len: usize,
     path: PathBuf,
     verdict: Verdict,
@@ -362,6 +364,15 @@ impl RegionFile {
         unsafe { self.map.as_ref() }
     }
 
+    /// Our extension tail, `None` only for a file opened read-only that no process of ours has
+    /// extended (a C peer's).
+    pub fn ext(&self) -> Option<&Ext> {
+        // SAFETY: as in `region`; the mapping is `len` bytes long, and `EXT_OFFSET` (a multiple
+        // of 4096) + `size_of::<Ext>()` = `EXT_END` <= `len`, so the tail lies inside it, aligned.
+        (self.len >= EXT_END)
+            .then(|| unsafe { &*self.map.as_ptr().cast::<u8>().add(EXT_OFFSET).cast::<Ext>() })
+    }
+
     /// The file's descriptor, for [`crate::platform::LinuxPlatform::new`] (borrowed: it stays
     /// open as long as this value, or forever after [`RegionFile::leak`]).
     pub fn fd(&self) -> RawFd {
@@ -388,7 +399,7 @@ impl RegionFile {
         self.created
     }
 
-    /// Bytes mapped (`SharedRegion::SIZE`).
+    /// Bytes mapped ([`EXT_END`], or `SharedRegion::SIZE` without the tail).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -400,12 +411,16 @@ impl RegionFile {
 
     /// Keeps the mapping and the descriptor for the rest of the process (the preload library):
     /// never unmapped, never closed. Read [`RegionFile::fd`] first if the platform needs it.
-    pub fn leak(self) -> &'static SharedRegion {
+    pub fn leak(self) -> (&'static SharedRegion, &'static Ext) {
         region_guard::set_library_region(self.fd(), &self.path);
         let this = ManuallyDrop::new(self);
-        // SAFETY: as in `region`; and since Drop will never run, the mapping lives (and the
-        // descriptor stays open) until the process ends, so the reference may be 'static.
-        unsafe { this.map.as_ref() }
+        let ext = this.ext().map(|e| e as *const Ext);
+        // SAFETY: as in `region` and `ext`; and since Drop will never run, the mapping lives (and
+        // the descriptor stays open) until the process ends, so the references may be 'static.
+        let region = unsafe { this.map.as_ref() };
+        // SAFETY: as above.
+        let ext = ext.map(|e| unsafe { &*e });
+        (region, ext.unwrap_or_else(private_ext))
     }
 }
 
@@ -618,6 +633,8 @@ struct Checked {
     created: bool,
     /// The file's length after any extension.
     len: u64,
+    /// Bytes to map: [`EXT_END`] with the tail, `SIZE` for a read-only file a C peer made.
+    map_len: usize,
     verdict: Verdict,
 }
 
@@ -663,41 +680,29 @@ fn open_checked(path: &Path, mode: OpenMode) -> Result<Checked, RegionFileError>
             path: owned(),
             refusal,
         })?;
-    let mapped_len = SIZE as u64;
-    if verdict == Verdict::Fresh && len < mapped_len + 1 {
-        match mode {
-            OpenMode::ReadWrite => {
-                // Extend a fresh file as C peers do: one zero byte at offset SIZE (beyond the
-                // mapped bytes, so it races harmlessly with a peer doing the same).
-                let zero = [0u8; 1];
-                let n = loop {
-                    // SAFETY: writes one byte from `zero` at offset SIZE of our descriptor.
-                    let n =
-                        unsafe { libc::pwrite(raw, zero.as_ptr().cast(), 1, SIZE as libc::off_t) };
-                    if n >= 0 || errno() != libc::EINTR {
-                        break n;
-                    }
-                };
-                if n != 1 {
-                    let e = if n < 0 { errno() } else { libc::EIO };
-                    return Err(io("extending the file to the region's size", e));
-                }
-                len = mapped_len + 1;
+    let map_len = match mode {
+        OpenMode::ReadWrite => {
+            if len < EXT_END as u64 + 1 {
+                extend(raw).map_err(|e| io("extending the file to the region's size", e))?;
+                len = EXT_END as u64 + 1;
             }
-            // A read-only mapping beyond end of file would fault on access.
-            OpenMode::ReadOnly if len < mapped_len => {
-                return Err(RegionFileError::Layout {
-                    path: owned(),
-                    refusal: Refusal::Truncated { len },
-                })
-            }
-            OpenMode::ReadOnly => {}
+            EXT_END
         }
-    }
+        // A read-only mapping beyond end of file would fault on access.
+        OpenMode::ReadOnly if verdict == Verdict::Fresh && len < SIZE as u64 => {
+            return Err(RegionFileError::Layout {
+                path: owned(),
+                refusal: Refusal::Truncated { len },
+            })
+        }
+        OpenMode::ReadOnly if len >= EXT_END as u64 => EXT_END,
+        OpenMode::ReadOnly => SIZE,
+    };
     Ok(Checked {
         fd,
         created,
         len,
+        map_len,
         verdict,
     })
 }
@@ -729,6 +734,7 @@ fn map(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
         fd,
         created,
         len,
+        map_len,
         verdict,
     } = open_checked(path, mode)?;
     let raw = fd.as_raw_fd();
@@ -736,9 +742,18 @@ fn map(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
         OpenMode::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
         OpenMode::ReadOnly => libc::PROT_READ,
     };
-    // SAFETY: a new shared mapping of SIZE bytes of a file at least SIZE bytes long (checked or
+    // SAFETY: a new shared mapping of `map_len` bytes of a file at least that long (checked or
     // extended above), at an address of the kernel's choosing; the result is checked below.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), SIZE, prot, libc::MAP_SHARED, raw, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            prot,
+            libc::MAP_SHARED,
+            raw,
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
         return Err(RegionFileError::Map {
             path: path.to_path_buf(),
@@ -753,24 +768,32 @@ fn map(path: &Path, mode: OpenMode) -> Result<RegionFile, RegionFileError> {
         });
     };
     let writable = mode == OpenMode::ReadWrite;
-    let restore = writable.then_some(len.max(SIZE as u64 + 1));
-    let guard = region_guard::register(p.cast(), SIZE, raw, restore, writable, path);
-    Ok(RegionFile {
+    let restore = writable.then_some(len.max(EXT_END as u64 + 1));
+    let guard = region_guard::register(p.cast(), map_len, raw, restore, writable, path);
+    let file = RegionFile {
         fd,
         map,
-        len: SIZE,
+        len: map_len,
         path: path.to_path_buf(),
         verdict,
         mode,
         created,
         guard,
-    })
+    };
+    if writable {
+        if let Some(ext) = file.ext() {
+            ext.mark();
+        }
+    }
+    Ok(file)
 }
 
 /// A private copy of a region file, read with `pread` rather than mapped: a file truncated or
 /// rewritten while it is read cannot fault, it only gives a copy that says so. For inspection.
 pub struct Snapshot {
     region: Box<SharedRegion>,
+    /// Our extension tail, where the file has one.
+    ext: Option<Box<Ext>>,
     len: u64,
     verdict: Verdict,
 }
@@ -780,6 +803,7 @@ impl Snapshot {
     pub fn zeroed() -> Snapshot {
         Snapshot {
             region: zeroed_region(),
+            ext: None,
             len: 0,
             verdict: Verdict::Fresh,
         }
@@ -788,6 +812,11 @@ impl Snapshot {
     /// The copied region (its atomics are private to this copy).
     pub fn region(&self) -> &SharedRegion {
         &self.region
+    }
+
+    /// The copied extension tail; `None` for a file without one (a C peer's).
+    pub fn ext(&self) -> Option<&Ext> {
+        self.ext.as_deref()
     }
 
     /// The file's length when the copy was taken.
@@ -818,6 +847,22 @@ pub fn snapshot(path: &Path) -> Result<Snapshot, RegionFileError> {
         op: "reading the region",
         errno: e,
     })?;
+    let ext = if checked.len >= EXT_END as u64 {
+        // SAFETY: all-zero bytes are a valid tail (atomics only).
+        let mut tail = unsafe { zeroed_box::<Ext>() };
+        let dst = std::ptr::addr_of_mut!(*tail).cast::<u8>();
+        // SAFETY: `dst` points to the tail's bytes in the box we own, which nothing else
+        // references while pread fills them; any bytes are a valid value of its atomics.
+        let buf = unsafe { std::slice::from_raw_parts_mut(dst, EXT_END - EXT_OFFSET) };
+        let got = read_at(raw, buf, EXT_OFFSET as u64).map_err(|e| RegionFileError::Io {
+            path: path.to_path_buf(),
+            op: "reading the extension tail",
+            errno: e,
+        })?;
+        (got == buf.len()).then_some(tail)
+    } else {
+        None
+    };
     let len_after = fstat(raw).map(|st| st.st_size.max(0) as u64).unwrap_or(0);
     if got < SIZE || len_after != checked.len {
         return Err(RegionFileError::Changed {
@@ -834,6 +879,7 @@ pub fn snapshot(path: &Path) -> Result<Snapshot, RegionFileError> {
     })?;
     Ok(Snapshot {
         region,
+        ext,
         len: len_after,
         verdict,
     })
@@ -841,28 +887,55 @@ pub fn snapshot(path: &Path) -> Result<Snapshot, RegionFileError> {
 
 /// A heap region of zero bytes (2 MB: never built on the stack).
 fn zeroed_region() -> Box<SharedRegion> {
-    let layout = std::alloc::Layout::new::<SharedRegion>();
-    // SAFETY: the layout is non-zero-sized.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<SharedRegion>();
+    // SAFETY: all-zero bytes are a valid value of every field (atomics and sem_t storage).
+    unsafe { zeroed_box::<SharedRegion>() }
+}
+
+/// A zeroed `T` on the heap.
+///
+/// # Safety
+/// All-zero bytes must be a valid value of `T`, and `T` must not be zero-sized.
+unsafe fn zeroed_box<T>() -> Box<T> {
+    let layout = std::alloc::Layout::new::<T>();
+    // SAFETY: the caller guarantees a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
     if p.is_null() {
         std::alloc::handle_alloc_error(layout);
     }
-    // SAFETY: allocated with SharedRegion's layout by the global allocator, as Box expects, and
-    // zeroed (all-zero bytes are a valid value of every field: atomics and sem_t storage).
+    // SAFETY: allocated with T's layout by the global allocator, as Box expects, and zeroed (a
+    // valid T, by the caller's guarantee).
     unsafe { Box::from_raw(p) }
 }
 
-/// A private, zeroed region for a process that cannot share one (degraded mode), kept for the
-/// rest of the process. It is a MAP_SHARED anonymous mapping, so a forked child shares it with
+/// Extends the file to `EXT_END + 1` bytes with one zero byte at offset `EXT_END`: beyond every
+/// mapped byte, so it races harmlessly with a peer doing the same, and never shrinks the file.
+fn extend(raw: RawFd) -> Result<(), i32> {
+    let zero = [0u8; 1];
+    let n = loop {
+        // SAFETY: writes one byte from `zero` at offset EXT_END of our descriptor.
+        let n = unsafe { libc::pwrite(raw, zero.as_ptr().cast(), 1, EXT_END as libc::off_t) };
+        if n >= 0 || errno() != libc::EINTR {
+            break n;
+        }
+    };
+    match n {
+        1 => Ok(()),
+        n if n < 0 => Err(errno()),
+        _ => Err(libc::EIO),
+    }
+}
+
+/// A private, zeroed region and tail for a process that cannot share one (degraded mode), kept for
+/// the rest of the process. It is a MAP_SHARED anonymous mapping, so a forked child shares it with
 /// its parent as it would share the file. Use it with
 /// [`crate::platform::LinuxPlatform::private`].
-pub fn anonymous() -> &'static SharedRegion {
-    // SAFETY: a new anonymous shared mapping of SIZE bytes at an address of the kernel's choosing;
-    // the result is checked before use.
+pub fn anonymous() -> (&'static SharedRegion, &'static Ext) {
+    // SAFETY: a new anonymous shared mapping of EXT_END bytes at an address of the kernel's
+    // choosing; the result is checked before use.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            SIZE,
+            EXT_END,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED | libc::MAP_ANONYMOUS,
             -1,
@@ -870,12 +943,24 @@ pub fn anonymous() -> &'static SharedRegion {
         )
     };
     if p != libc::MAP_FAILED {
-        if let Some(map) = NonNull::new(p.cast::<SharedRegion>()) {
-            // SAFETY: page-aligned, SIZE zero bytes (all-zero is a valid value of every field:
-            // atomics and sem_t storage), never unmapped, so a 'static shared reference is sound.
-            return unsafe { map.as_ref() };
+        if let Some(map) = NonNull::new(p.cast::<u8>()) {
+            // SAFETY: page-aligned, EXT_END zero bytes (all-zero is a valid value of every field:
+            // atomics and sem_t storage), never unmapped, so 'static shared references are sound;
+            // the tail starts at EXT_OFFSET (page-aligned) and ends at EXT_END, inside the mapping.
+            return unsafe {
+                (
+                    &*map.as_ptr().cast::<SharedRegion>(),
+                    &*map.as_ptr().add(EXT_OFFSET).cast::<Ext>(),
+                )
+            };
         }
     }
     // Out of address space for 2 MB: fall back to the heap (private to this process).
-    Box::leak(zeroed_region())
+    (Box::leak(zeroed_region()), private_ext())
+}
+
+/// A zeroed tail on the heap, never freed: the fallback where no file tail can be had.
+fn private_ext() -> &'static Ext {
+    // SAFETY: all-zero bytes are a valid tail (atomics only).
+    Box::leak(unsafe { zeroed_box::<Ext>() })
 }

@@ -26,7 +26,7 @@ use std::sync::{Mutex, OnceLock};
 
 use hami_shm::admission::{self, OutOfMemory};
 use hami_shm::init::{self, InitOutcome, InitParams};
-use hami_shm::layout::{SharedRegion, ABI_DEVS};
+use hami_shm::layout::{Ext, SharedRegion, ABI_DEVS};
 use hami_shm::lock::{self, LockConfig, LockError, OwnerGuard};
 use hami_shm::platform::{Platform, ProcId};
 use hami_shm::seqlock::Kind;
@@ -69,6 +69,8 @@ const INIT_WAIT_NS: u64 = 30_000_000_000;
 pub struct Runtime {
     /// The mapped region (shared, or private when degraded).
     pub region: &'static SharedRegion,
+    /// Our extension tail of the same file (SM buckets).
+    pub ext: &'static Ext,
     /// The Linux platform over the region's file.
     pub platform: LinuxPlatform,
     /// The configuration read at start-up.
@@ -185,9 +187,9 @@ fn build() -> Runtime {
     match open_shared(&config, &params) {
         Ok((file, outcome)) => {
             let fd = file.fd();
-            let region = file.leak();
+            let (region, ext) = file.leak();
             let rt = Runtime::new(
-                region,
+                (region, ext),
                 LinuxPlatform::new(fd, SharedRegion::SIZE),
                 config,
                 true,
@@ -305,13 +307,14 @@ fn limit_text(limit: u64) -> String {
 
 impl Runtime {
     fn new(
-        region: &'static SharedRegion,
+        (region, ext): (&'static SharedRegion, &'static Ext),
         platform: LinuxPlatform,
         config: Config,
         shared: bool,
     ) -> Self {
         Runtime {
             region,
+            ext,
             platform,
             config,
             shared,
@@ -326,11 +329,11 @@ impl Runtime {
 
     /// A runtime over a private, anonymous region initialised from `params`.
     fn private(config: Config, params: &InitParams<ABI_DEVS>) -> Self {
-        let region = region_file::anonymous();
+        let mapped = region_file::anonymous();
         let platform = LinuxPlatform::private();
         // A private region has no peers: initialisation cannot contend or time out.
-        let _ = init::ensure_initialised(region, &platform, params, INIT_LOCK_TIMEOUT_NS);
-        Runtime::new(region, platform, config, false)
+        let _ = init::ensure_initialised(mapped.0, &platform, params, INIT_LOCK_TIMEOUT_NS);
+        Runtime::new(mapped, platform, config, false)
     }
 
     /// Called in a forked child (async-signal-safe: atomics only).

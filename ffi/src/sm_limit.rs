@@ -7,8 +7,14 @@
 //!
 //! Switches, as HAMi's monitor expects: `GPU_CORE_UTILIZATION_POLICY=force` limits always,
 //! `disable` never, otherwise the region's `utilization_switch` (1 = limit) decides; a negative
-//! `recent_kernel` (the monitor's priority gate) pauses launches until it is non-negative again,
-//! and each limited launch sets it back to 2, as upstream does.
+//! `recent_kernel` (the monitor's priority gate) pauses launches until it is non-negative again.
+//! Every launch on a device with a limit marks the container active (`recent_kernel` = 2), whatever
+//! the switch, so that the monitor sees it and can turn the switch on when another container
+//! joins (upstream HEAD marks only while the switch is on, so a container once alone is never
+//! counted again; docs/monitor-contract.md).
+//!
+//! Only devices that this process launches on are controlled: a limit set for all 16 devices
+//! takes no lease, writes no bucket and warns about nothing on devices that do not exist.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -28,8 +34,15 @@ static LIMITED: AtomicU32 = AtomicU32::new(0);
 const PERIOD_NS: u64 = 200_000_000;
 /// [`log::once`] bit: NVML gives no utilisation for a limited device.
 const ONCE_NO_UTILISATION: u32 = log::ONCE_FIRST_FREE;
-/// Longest the priority gate holds a launch (the monitor lifts it within seconds).
+/// Longest the priority gate holds one launch; the monitor lifts it within a tick (5 s) of the
+/// higher-priority work ending. Past it the launch goes on and the monitor's -1 stays.
 const GATE_MAX_NS: u64 = 10_000_000_000;
+/// [`log::once`] bit: a launch went on through a closed priority gate.
+const ONCE_GATE_TIMEOUT: u32 = log::ONCE_FIRST_FREE + 2;
+/// `recent_kernel` of a container that launched in the monitor's last two ticks.
+const ACTIVE: i32 = 2;
+/// Bit `d` set: this process has launched on region device `d` (the controller steers those).
+static USED: AtomicU32 = AtomicU32::new(0);
 
 /// Where the controller gets utilisation: percent of region device `dev` used by this
 /// container's processes over the last period, or `None` if unknown. Registered by the NVML
@@ -64,11 +77,14 @@ pub fn before_launch(dev: usize, blocks: u64) {
     let Some(rt) = runtime::existing() else {
         return;
     };
+    if USED.load(Ordering::Relaxed) & (1 << dev) == 0 {
+        USED.fetch_or(1 << dev, Ordering::Relaxed);
+    }
+    priority_gate(rt);
     if !switch_on(rt) {
         return;
     }
-    priority_gate(rt);
-    bucket::consume(&rt.region.uuids[dev].bucket, &rt.platform, blocks.max(1));
+    bucket::consume(&rt.ext.buckets[dev], &rt.platform, blocks.max(1));
 }
 
 fn switch_on(rt: &Runtime) -> bool {
@@ -79,23 +95,40 @@ fn switch_on(rt: &Runtime) -> bool {
     }
 }
 
-/// Waits (bounded) while HAMi's monitor holds `recent_kernel` negative, then marks a launch.
+/// Waits (bounded) while HAMi's monitor holds `recent_kernel` negative, then marks the container
+/// active. Never stores over a -1: the mark is a CAS from the value seen, and a launch that waited
+/// [`GATE_MAX_NS`] goes on without it. One relaxed load when already marked.
 fn priority_gate(rt: &Runtime) {
-    let start = rt.platform.now_ns();
-    while rt.region.recent_kernel.load(Ordering::Relaxed) < 0
-        && rt.platform.now_ns().saturating_sub(start) < GATE_MAX_NS
-    {
-        rt.platform.sleep_ns(10_000_000);
+    let rk = &rt.region.recent_kernel;
+    let mut seen = rk.load(Ordering::Relaxed);
+    if seen == ACTIVE {
+        return;
     }
-    rt.region.recent_kernel.store(2, Ordering::Relaxed);
+    if seen < 0 {
+        let start = rt.platform.now_ns();
+        while seen < 0 {
+            if rt.platform.now_ns().saturating_sub(start) >= GATE_MAX_NS {
+                if log::once(ONCE_GATE_TIMEOUT) {
+                    log_warn!(
+                        "a kernel launch waited {} s for HAMi's monitor to lift the priority gate \
+                         (recent_kernel -1: a higher-priority task uses the GPU); letting it run",
+                        GATE_MAX_NS / 1_000_000_000
+                    );
+                }
+                return;
+            }
+            rt.platform.sleep_ns(10_000_000);
+            seen = rk.load(Ordering::Relaxed);
+        }
+    }
+    let _ = rk.compare_exchange(seen, ACTIVE, Ordering::Relaxed, Ordering::Relaxed);
 }
 
 fn controller_loop(rt: &'static Runtime, mask: u32) {
     let mut controllers: [Option<Controller>; ABI_DEVS] = [None; ABI_DEVS];
     let mut last_spent = [0u64; ABI_DEVS];
-    for (dev, s) in last_spent.iter_mut().enumerate() {
-        *s = rt.region.uuids[dev].bucket.spent.load(Ordering::Relaxed);
-    }
+    // Devices whose `last_spent` is set: those launched on before the previous period.
+    let mut counted = 0u32;
     let mut last_ns = rt.platform.now_ns();
     loop {
         rt.platform.sleep_ns(PERIOD_NS);
@@ -103,11 +136,17 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         let period_ns = now.saturating_sub(last_ns);
         last_ns = now;
         let me = rt.platform.self_id().pid() as u32;
-        for dev in (0..ABI_DEVS).filter(|d| mask & (1 << d) != 0) {
-            let b = &rt.region.uuids[dev].bucket;
+        let used = mask & USED.load(Ordering::Relaxed);
+        for dev in (0..ABI_DEVS).filter(|d| used & (1 << d) != 0) {
+            let b = &rt.ext.buckets[dev];
             let spent = b.spent.load(Ordering::Relaxed);
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
+            if counted & (1 << dev) == 0 {
+                // First period with launches here: start counting from now.
+                counted |= 1 << dev;
+                continue;
+            }
             if !bucket::take_lease(b, me, || rt.platform.now_ns() / 1_000_000) {
                 controllers[dev] = None;
                 continue;

@@ -7,7 +7,7 @@ use hami_shm::layout;
 /// cbindgen emits constants of the root crate only, so hami-shm's are written here, from the
 /// values themselves.
 fn constants() -> String {
-    let defines: [(&str, String); 11] = [
+    let defines: [(&str, String); 15] = [
         ("MAGIC", layout::MAGIC.to_string()),
         ("INIT_IN_PROGRESS", layout::INIT_IN_PROGRESS.to_string()),
         ("MAJOR_VERSION", layout::MAJOR_VERSION.to_string()),
@@ -15,7 +15,11 @@ fn constants() -> String {
         ("ABI_SLOTS", layout::ABI_SLOTS.to_string()),
         ("ABI_DEVS", layout::ABI_DEVS.to_string()),
         ("UUID_LEN", layout::UUID_LEN.to_string()),
-        ("UUID_TEXT_LEN", layout::UUID_TEXT_LEN.to_string()),
+        ("EXT_MAGIC", format!("{:#x}ULL", layout::EXT_MAGIC)),
+        ("EXT_VERSION", layout::EXT_VERSION.to_string()),
+        ("EXT_OFFSET", layout::EXT_OFFSET.to_string()),
+        ("EXT_END", layout::EXT_END.to_string()),
+        ("EXT_RESERVED_WORDS", layout::EXT_RESERVED_WORDS.to_string()),
         ("STATUS_EXITED", layout::STATUS_EXITED.to_string()),
         ("STATUS_RUNNING", layout::STATUS_RUNNING.to_string()),
         ("STATUS_SUSPENDED", layout::STATUS_SUSPENDED.to_string()),

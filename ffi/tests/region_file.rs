@@ -13,13 +13,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use hami_shm::layout::{SharedRegion, MAGIC};
+use hami_shm::layout::{SharedRegion, EXT_END, EXT_MAGIC, MAGIC};
 use hami_shm::platform::Platform;
 use hami_shm::validate::{Refusal, Verdict, L1_SHIFT};
 use vgpu::platform::LinuxPlatform;
 use vgpu::region_file::{self, OpenMode, RegionFileError};
 
 const SIZE: usize = SharedRegion::SIZE;
+/// Length of a file opened read-write: the region, the gap, our tail, one byte past it.
+const FILE_LEN: u64 = EXT_END as u64 + 1;
 const NOBODY: u32 = 65534;
 
 // ---------------------------------------------------------------------------------------------
@@ -225,7 +227,7 @@ fn error_text(r: Result<region_file::RegionFile, RegionFileError>) -> String {
 // Creating and reopening.
 
 #[test]
-fn creates_a_fresh_file_of_size_plus_one_mode_0666_whatever_the_umask() {
+fn creates_a_fresh_file_with_the_tail_mode_0666_whatever_the_umask() {
     let _g = serial();
     let dir = TempDir::new();
     let path = dir.join("cudevshr.cache");
@@ -237,11 +239,12 @@ fn creates_a_fresh_file_of_size_plus_one_mode_0666_whatever_the_umask() {
     assert!(file.created());
     assert_eq!(file.verdict(), Verdict::Fresh);
     assert_eq!(file.mode(), OpenMode::ReadWrite);
-    assert_eq!(file.len(), SIZE);
+    assert_eq!(file.len(), EXT_END);
     assert!(!file.is_empty());
     assert_eq!(file.path(), path);
+    assert_eq!(file.ext().unwrap().magic.load(Ordering::Relaxed), EXT_MAGIC);
     let meta = fs::metadata(&path).unwrap();
-    assert_eq!(meta.len(), SIZE as u64 + 1);
+    assert_eq!(meta.len(), FILE_LEN);
     assert_eq!(meta.mode() & 0o777, 0o666);
     assert!(meta.is_file());
     let region = file.region();
@@ -276,7 +279,7 @@ fn reopening_an_initialised_file_is_ready_and_changes_nothing() {
     assert_eq!(file.verdict(), Verdict::Ready);
     assert_eq!(file.region().limit[0].load(Ordering::Relaxed), 12345);
     let meta = fs::metadata(&path).unwrap();
-    assert_eq!(meta.len(), SIZE as u64 + 1);
+    assert_eq!(meta.len(), FILE_LEN);
     assert_eq!(meta.mode() & 0o777, 0o644);
     drop(file);
 
@@ -288,18 +291,55 @@ fn reopening_an_initialised_file_is_ready_and_changes_nothing() {
 }
 
 #[test]
-fn a_fresh_file_of_exactly_size_bytes_is_extended_by_one() {
+fn a_fresh_file_of_exactly_size_bytes_is_extended_to_the_tail() {
     let _g = serial();
     let dir = TempDir::new();
     let path = dir.join("region");
     fs::write(&path, vec![0u8; SIZE]).unwrap();
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
     assert_eq!(file.verdict(), Verdict::Fresh);
-    assert_eq!(fs::metadata(&path).unwrap().len(), SIZE as u64 + 1);
+    assert_eq!(fs::metadata(&path).unwrap().len(), FILE_LEN);
+}
+
+/// A file a C peer made (`SIZE + 1` bytes): read-only it maps without a tail and is left as it
+/// is; read-write it gets the tail, and the region's bytes stay as they were.
+#[test]
+fn a_c_peers_file_gets_the_tail_only_when_opened_read_write() {
+    let _g = serial();
+    let dir = TempDir::new();
+    let path = dir.join("region");
+    // An initialised region as a C peer leaves it: both semaphores process-shared, one token.
+    let mut bytes = vec![0u8; SIZE + 1];
+    let head = header(MAGIC, 1, 2);
+    bytes[..head.len()].copy_from_slice(&head);
+    let sem = std::mem::offset_of!(SharedRegion, sem);
+    let post = std::mem::offset_of!(SharedRegion, sem_postinit);
+    bytes[sem..sem + 8].copy_from_slice(&1u64.to_le_bytes());
+    bytes[sem + 8..sem + 16].copy_from_slice(&0x80u64.to_le_bytes());
+    bytes[post..post + 8].copy_from_slice(&1u64.to_le_bytes());
+    bytes[post + 8..post + 16].copy_from_slice(&0x80u64.to_le_bytes());
+    fs::write(&path, &bytes).unwrap();
+    let ro = region_file::open(&path, OpenMode::ReadOnly).unwrap();
+    assert_eq!((ro.verdict(), ro.len()), (Verdict::Ready, SIZE));
+    assert!(ro.ext().is_none());
+    drop(ro);
+    assert_eq!(fs::read(&path).unwrap(), bytes);
+    let rw = region_file::open(&path, OpenMode::ReadWrite).unwrap();
+    assert!(rw.ext().is_some());
+    drop(rw);
+    let after = fs::read(&path).unwrap();
+    assert_eq!(after.len() as u64, FILE_LEN);
+    assert_eq!(
+        &after[..SIZE + 1],
+        &bytes[..],
+        "the region's bytes are untouched"
+    );
+    let ro = region_file::open(&path, OpenMode::ReadOnly).unwrap();
+    assert_eq!(ro.ext().unwrap().magic.load(Ordering::Relaxed), EXT_MAGIC);
 }
 
 #[test]
-fn a_zeroed_file_of_another_valid_length_is_neither_shrunk_nor_extended() {
+fn a_zeroed_file_of_another_valid_length_keeps_its_bytes_and_gets_the_tail() {
     let _g = serial();
     let dir = TempDir::new();
     let path = dir.join("region");
@@ -308,8 +348,9 @@ fn a_zeroed_file_of_another_valid_length_is_neither_shrunk_nor_extended() {
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
     assert_eq!(file.verdict(), Verdict::Fresh);
     drop(file);
-    assert_eq!(fs::metadata(&path).unwrap().len(), len as u64);
-    assert!(fs::read(&path).unwrap().iter().all(|&b| b == 0));
+    let after = fs::read(&path).unwrap();
+    assert_eq!(after.len() as u64, FILE_LEN);
+    assert!(after[..EXT_END - 4096].iter().all(|&b| b == 0));
 }
 
 #[test]
@@ -325,7 +366,13 @@ fn legacy_and_interrupted_files_are_recognised() {
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
     assert_eq!(file.verdict(), Verdict::LegacyV11);
     drop(file);
-    assert_eq!(fs::read(&path).unwrap(), bytes, "opening changes nothing");
+    let after = fs::read(&path).unwrap();
+    assert_eq!(
+        &after[..SIZE + 1],
+        &bytes[..],
+        "opening changes none of the region's bytes"
+    );
+    let mut bytes = after;
 
     bytes[..72].copy_from_slice(&header(1, 1, 2));
     fs::write(&path, &bytes).unwrap();
@@ -360,7 +407,8 @@ fn leak_keeps_the_mapping_and_drop_closes_the_descriptor() {
     let path = dir.join("region");
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
     let fd = file.fd();
-    let region: &'static SharedRegion = file.leak();
+    let (region, ext): (&'static SharedRegion, _) = file.leak();
+    ext.buckets[0].rate.store(7, Ordering::Relaxed);
     region.proc_num.store(3, Ordering::Relaxed);
     // SAFETY: F_GETFD on a descriptor number.
     assert!(
@@ -480,9 +528,9 @@ fn files_of_wrong_sizes_are_refused_and_left_unchanged() {
             },
         ),
         (
-            SIZE * 2,
+            EXT_END - 1,
             Refusal::WrongSize {
-                len: SIZE as u64 * 2,
+                len: EXT_END as u64 - 1,
             },
         ),
     ] {
@@ -850,7 +898,7 @@ fn a_truncated_region_is_extended_again_and_the_process_survives() {
         text,
         format!(
             "pid 0 post 0 len {} file 7 repaired 1 event true false",
-            SIZE + 1
+            FILE_LEN
         )
     );
 }

@@ -985,8 +985,8 @@ fn create_new_refuses_with_a_live_slot_unless_forced() {
         ],
     );
     assert!(
-        fs::read(&path).unwrap() == before,
-        "a refused --create-new writes nothing"
+        fs::read(&path).unwrap()[..before.len()] == before[..],
+        "a refused --create-new writes nothing in the region (its open adds our tail)"
     );
 
     let o = tool(&["--create-new", "--file", p, "--force"], &env);
@@ -996,7 +996,11 @@ fn create_new_refuses_with_a_live_slot_unless_forced() {
         &["re-initialised as v1.2", "67108864 bytes", "register again"],
     );
     let after = Image::read(&path);
-    assert_eq!(after.0.len(), off::SIZE + 1, "same file, same size");
+    assert_eq!(
+        after.0.len(),
+        hami_shm::layout::EXT_END + 1,
+        "same file, with our tail"
+    );
     assert_eq!(after.get_u32(off::FLAG), MAGIC as u32);
     assert_eq!(
         (after.get_u32(off::MAJOR), after.get_u32(off::MINOR)),
@@ -1057,7 +1061,10 @@ fn create_new_proceeds_when_every_slot_is_dead() {
     let fresh = dir.file("new");
     let o = tool(&["--file", fresh.to_str().unwrap(), "--create-new"], &[]);
     expect(&o, 0, &["re-initialised as v1.2 (was not initialised"]);
-    assert_eq!(fs::read(&fresh).unwrap().len(), off::SIZE + 1);
+    assert_eq!(
+        fs::read(&fresh).unwrap().len(),
+        hami_shm::layout::EXT_END + 1
+    );
     expect(&run(&fresh, "--check"), 0, &["healthy"]);
 }
 
@@ -1393,5 +1400,49 @@ fn a_file_truncated_under_the_tool_never_crashes_it() {
     assert!(
         cuts.load(Ordering::Relaxed) >= 200,
         "the file was cut under the runs"
+    );
+}
+
+/// The extension page after the region: absent from a file a C peer made, shown (marked, the
+/// buckets in use) once one of our processes extended the file.
+#[test]
+fn the_extension_page_is_reported() {
+    use hami_shm::layout::{EXT_END, EXT_MAGIC, EXT_OFFSET};
+    let dir = Dir::new("ext");
+    let path = dir.file("region");
+    let mut img = Image::v12();
+    img.write(&path);
+    let j = json_of(&run(&path, "--json"));
+    assert_eq!(j.get("ext"), &Json::Null, "a C peer's file has no tail");
+    expect(&run(&path, "--print"), 0, &["extension     none"]);
+
+    img.0.resize(EXT_END + 1, 0);
+    let bucket = EXT_OFFSET + 16 + 3 * 40;
+    img.u64(EXT_OFFSET, EXT_MAGIC)
+        .u32(EXT_OFFSET + 8, 1)
+        .u32(EXT_OFFSET + 12, 16)
+        .u64(bucket, (-5i64) as u64)
+        .u64(bucket + 8, 1234)
+        .u64(bucket + 24, (4242u64 << 32) | 99)
+        .u64(bucket + 32, 777);
+    img.write(&path);
+    let j = json_of(&run(&path, "--json"));
+    let e = j.get("ext");
+    assert_eq!(e.get("marked"), &Json::Bool(true));
+    assert_eq!(e.get("version").num(), 1);
+    let b = e.get("sm_buckets").arr();
+    assert_eq!(b.len(), 1, "only the bucket in use");
+    assert_eq!(b[0].get("device").num(), 3);
+    assert_eq!(b[0].get("tokens").num(), -5);
+    assert_eq!(b[0].get("rate").num(), 1234);
+    assert_eq!(b[0].get("spent").num(), 777);
+    assert_eq!(b[0].get("lease_pid").num(), 4242);
+    expect(
+        &run(&path, "--print"),
+        0,
+        &[
+            "extension     version 1, 1 SM bucket in use",
+            "device  3   rate 1234/s, tokens -5, spent 777, controller pid 4242",
+        ],
     );
 }

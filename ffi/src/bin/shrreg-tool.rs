@@ -15,7 +15,8 @@ use std::sync::atomic::Ordering;
 use vgpu::config::{self, Config};
 use vgpu::inspect::shm::init::{self, InitOutcome, InitParams};
 use vgpu::inspect::shm::layout::{
-    SharedProcSlot, SharedRegion, ABI_DEVS, ABI_SLOTS, STATUS_EXITED,
+    SharedProcSlot, SharedRegion, ABI_DEVS, ABI_SLOTS, STATUS_EXITED, STATUS_RUNNING,
+    STATUS_SUSPENDED,
 };
 use vgpu::inspect::shm::lock::{self, LockConfig, LockError};
 use vgpu::inspect::shm::platform::{Liveness, Platform, ProcId};
@@ -30,8 +31,9 @@ const USAGE: &str = "\
 usage: shrreg-tool [--file PATH] ACTION [--force]
 
 Inspects, checks, repairs and controls the shared region that HAMi-core (libvgpu.so) processes
-use to share a GPU memory limit. The file is mapped read-only except by --reap and --create-new,
-and the tool never registers itself as a slot.
+use to share a GPU memory limit. The file is mapped read-only except by --reap, --create-new and
+(where processes of this library hold slots) --suspend/--resume, and the tool never registers
+itself as a slot.
 
   --file PATH    the region file (default: CUDA_DEVICE_MEMORY_SHARED_CACHE from the environment
                  or /overrideEnv, else /tmp/cudevshr.cache)
@@ -43,8 +45,10 @@ actions (exactly one):
                  usage over the limit and garbage counters; exit status 0 healthy, 1 problems
   --version      library version, region layout version and size, the file's size and version
   --reap         take the owner lock and free the slots of dead processes (read-write)
-  --suspend      send SIGUSR2 to every slot's live process that handles it (as upstream)
-  --resume       send SIGUSR1 likewise
+  --suspend      set the status of this library's live processes to 2 (their launches and
+                 allocations wait, up to 60 s per call), and send SIGUSR2 to every other slot's
+                 live process that handles it (HAMi-core C peers, as upstream)
+  --resume       status 1 likewise, and SIGUSR1
   --create-new   re-initialise the region in place with the limits of this environment
                  (CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT, ...); refuses while a live
                  process holds a slot unless --force is given (their usage is then forgotten)
@@ -247,15 +251,20 @@ fn report_of(
 ) -> Result<(Report, Vec<Finding>), Fail> {
     let platform = LinuxPlatform::private();
     let live = |id: ProcId| platform.liveness(id);
+    let report = |copy: &Snapshot, info| {
+        let mut r = inspect::snapshot(copy.region(), info, &live, tool_pid());
+        r.ext = copy.ext().map(inspect::ext_snapshot);
+        r
+    };
     let (region, info) = take()?;
-    let first = inspect::snapshot(region.region(), info, &live, tool_pid());
+    let first = report(&region, info);
     let found = inspect::findings(&first);
     if !found.iter().any(Finding::transient) {
         return Ok((first, found));
     }
     std::thread::sleep(std::time::Duration::from_millis(CONFIRM_DELAY_MS));
     let (region, info) = take()?;
-    let second = inspect::snapshot(region.region(), info, &live, tool_pid());
+    let second = report(&region, info);
     let again = inspect::findings(&second);
     Ok((second, inspect::confirm(&found, again)))
 }
@@ -687,7 +696,47 @@ fn signal_cmd(path: &Path, sig: libc::c_int, name: &str) -> Result<u8, Fail> {
             if failed == 1 { "" } else { "s" }
         )));
     }
+    let (from, to) = if sig == libc::SIGUSR2 {
+        (STATUS_RUNNING, STATUS_SUSPENDED)
+    } else {
+        (STATUS_SUSPENDED, STATUS_RUNNING)
+    };
+    set_status_of_ours(path, region, &platform, (from, to))?;
     Ok(EXIT_OK)
+}
+
+/// Sets the status of every live slot of this library's processes (those with a start tag; they
+/// install no signal handler, and read their status instead) from `from` to `to`. Maps the file
+/// read-write only if there is such a slot.
+fn set_status_of_ours(
+    path: &Path,
+    seen: &SharedRegion,
+    platform: &LinuxPlatform,
+    (from, to): (i32, i32),
+) -> Result<(), Fail> {
+    let me = tool_pid();
+    let ours = |slot: &SharedProcSlot| {
+        let id = slots::slot_owner(slot);
+        id.pid() > 0 && id.pid() != me && id.tag() != 0 && platform.liveness(id) == Liveness::Alive
+    };
+    if !seen.live_range().iter().any(ours) {
+        return Ok(());
+    }
+    let file = open_rw(path)?;
+    for (i, slot) in file.region().live_range().iter().enumerate() {
+        if ours(slot)
+            && slot
+                .status
+                .compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            println!(
+                "slot {i}: pid {}: status {from} -> {to}",
+                slot.pid.load(Ordering::Relaxed)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The values the region is initialised with, from this process's environment, as libvgpu's

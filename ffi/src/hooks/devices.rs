@@ -24,7 +24,7 @@ use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use hami_shm::layout::{ABI_DEVS, UUID_TEXT_LEN};
+use hami_shm::layout::ABI_DEVS;
 
 use crate::config::VisibleDevice;
 use crate::log::{log_info, log_warn};
@@ -466,16 +466,7 @@ fn publish_uuids(rt: &Runtime, nvml: &[NvmlDev]) {
     }
     let n = nvml.len().min(ABI_DEVS);
     for d in nvml.iter().filter(|d| d.index < ABI_DEVS) {
-        let bytes = d.uuid.as_bytes();
-        let row = &region.uuids[d.index].text;
-        for (i, cell) in row.iter().enumerate() {
-            let b = if i < bytes.len() && i < UUID_TEXT_LEN - 1 {
-                bytes[i]
-            } else {
-                0
-            };
-            cell.store(b, Ordering::Relaxed);
-        }
+        region.uuids[d.index].store(d.uuid.as_bytes());
     }
     region.device_num.store(n as u64, Ordering::Release);
 }

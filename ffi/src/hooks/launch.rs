@@ -10,11 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::types::*;
 use super::{devices, guard, nvml, real};
 
-/// Calls the SM limiter for a launch of `blocks` blocks on the current device.
+/// Before a launch of `blocks` blocks on the current device: waits while suspended, records the
+/// launch for HAMi's monitor (`last_kernel_time`), and calls the SM limiter.
 fn before_launch(blocks: u64) {
     let Some(rt) = crate::runtime::get() else {
         return;
     };
+    crate::suspend::wait_while_suspended(rt);
+    crate::capi::record_kernel_launch(rt);
     start_limiter(rt);
     if let Some((_, dev)) = devices::current(rt) {
         crate::sm_limit::before_launch(dev, blocks);

@@ -496,6 +496,7 @@ fn trim_cached(rt: &Runtime, m: &mut table::PoolMap, dev: usize) -> u64 {
 /// [`Runtime::reserve`], and if refused, once more after trimming the device's pools of the
 /// memory the application already freed into them.
 pub(crate) fn reserve(rt: &Runtime, dev: usize, kind: Kind, bytes: u64) -> Result<(), OutOfMemory> {
+    crate::suspend::wait_while_suspended(rt);
     match rt.reserve(dev, kind, bytes) {
         Ok(()) => Ok(()),
         Err(oom) => {
@@ -517,6 +518,7 @@ fn pool_take(
     ordinal: CUdevice,
     bytes: u64,
 ) -> Result<u64, OutOfMemory> {
+    crate::suspend::wait_while_suspended(rt);
     table::with_pools(|m| {
         let fresh = table::PoolState {
             dev,
@@ -1148,6 +1150,17 @@ fn limited(rt: &Runtime, dev: usize, real_free: u64, real_total: u64) -> Option<
     Some((total, free))
 }
 
+/// The total that NVML and `cuDeviceTotalMem` report for a device limited to `limit` bytes: the
+/// limit, capped at the GPU's memory unless `CUDA_OVERSUBSCRIBE=true` (HAMi-core reports the
+/// limit there; `cuMemGetInfo` stays capped in both, see `limited`).
+pub(crate) fn reported_total(rt: &Runtime, limit: u64, real_total: u64) -> u64 {
+    if rt.config.oversubscribe {
+        limit
+    } else {
+        limit.min(real_total)
+    }
+}
+
 /// `cuMemGetInfo` for the current device, after the real call filled `(free, total)`.
 fn mem_info(real_free: u64, real_total: u64) -> Option<(u64, u64)> {
     let a = active()?;
@@ -1207,11 +1220,11 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
     })
 }
 
-/// `min(limit, real)` for CUDA device `ordinal`, or `None` without a limit.
+/// [`reported_total`] for CUDA device `ordinal`, or `None` without a limit.
 fn total_mem(ordinal: CUdevice, real_total: u64) -> Option<u64> {
     let a = active()?;
     let dev = devices::region_index(a.rt, ordinal)?;
-    Some(a.rt.limit(dev)?.min(real_total))
+    Some(reported_total(a.rt, a.rt.limit(dev)?, real_total))
 }
 
 /// cbindgen:ignore

@@ -33,7 +33,10 @@ fn region_of(device: NvmlDevice) -> Option<usize> {
 /// `(total, used)` of the limited view of `dev`, or `None` without a limit.
 fn view(rt: &Runtime, dev: usize, real_total: u64) -> Option<(u64, u64)> {
     let limit = rt.limit(dev)?;
-    Some((limit.min(real_total), rt.usage(dev)))
+    Some((
+        super::memory::reported_total(rt, limit, real_total),
+        rt.usage(dev),
+    ))
 }
 
 /// Calls the real memory query `call` for `device`, then, if it filled `*memory` and the device
@@ -170,20 +173,46 @@ fn container_pids(rt: &Runtime) -> HashSet<u32> {
     s
 }
 
-/// The container's SM utilisation in `samples`: each of its processes' mean over its samples (a
-/// query can return several per process), summed. `None` if none of them is in the samples.
-fn container_share(samples: &[ProcessUtilSample], ours: &HashSet<u32>) -> Option<f64> {
+/// Each of the container's processes' SM utilisation in `samples`: the mean over its samples (a
+/// query can return several per process), by pid as NVML reports it.
+fn per_process(samples: &[ProcessUtilSample], ours: &HashSet<u32>) -> HashMap<u32, f64> {
     let mut per_pid: HashMap<u32, (u64, u64)> = HashMap::new();
     for s in samples.iter().filter(|s| ours.contains(&s.pid)) {
         let e = per_pid.entry(s.pid).or_default();
         e.0 += u64::from(s.sm_util.min(100));
         e.1 += 1;
     }
-    if per_pid.is_empty() {
-        return None;
+    per_pid
+        .into_iter()
+        .map(|(pid, (u, n))| (pid, u as f64 / n as f64))
+        .collect()
+}
+
+/// The container's SM utilisation: its processes' shares summed. `None` if none of them is in
+/// the samples.
+fn container_share(per_pid: &HashMap<u32, f64>) -> Option<f64> {
+    (!per_pid.is_empty()).then(|| per_pid.values().sum::<f64>().min(100.0))
+}
+
+/// Writes each live slot's `device_util[dev].sm_util` (percent, what HAMi's monitor sums into
+/// its container metric) from the samples: the slot's host pid's share, else its pid's, else 0.
+fn publish_sm_util(rt: &Runtime, dev: usize, per_pid: &HashMap<u32, f64>) {
+    for slot in rt.region.live_range() {
+        let pid = slot.pid.load(Ordering::Relaxed);
+        if pid == 0 {
+            continue;
+        }
+        let host = slot.hostpid.load(Ordering::Relaxed);
+        let util = [host, pid]
+            .iter()
+            .filter(|&&p| p != 0)
+            .find_map(|&p| per_pid.get(&(p as u32)))
+            .copied()
+            .unwrap_or(0.0);
+        if let Some(u) = slot.device_util.get(dev) {
+            u.sm_util.store(util.round() as u64, Ordering::Relaxed);
+        }
     }
-    let sum: f64 = per_pid.values().map(|&(u, n)| u as f64 / n as f64).sum();
-    Some(sum.min(100.0))
 }
 
 /// SM utilisation (percent) of region device `dev` by this container's processes since the last
@@ -221,7 +250,9 @@ pub fn container_sm_util(dev: usize) -> Option<f64> {
             if samples.is_empty() {
                 break;
             }
-            if let Some(util) = container_share(samples, &container_pids(rt)) {
+            let per_pid = per_process(samples, &container_pids(rt));
+            publish_sm_util(rt, dev, &per_pid);
+            if let Some(util) = container_share(&per_pid) {
                 return Some(util);
             }
             break;
@@ -256,10 +287,17 @@ mod tests {
             sample(11, 15),
             sample(99, 80),
         ];
-        assert_eq!(container_share(&samples, &ours), Some(45.0));
-        assert_eq!(container_share(&[sample(99, 80)], &ours), None);
+        let per_pid = per_process(&samples, &ours);
+        assert_eq!(per_pid.get(&10), Some(&30.0));
+        assert_eq!(per_pid.get(&11), Some(&15.0));
+        assert_eq!(per_pid.get(&99), None);
+        assert_eq!(container_share(&per_pid), Some(45.0));
         assert_eq!(
-            container_share(&[sample(10, 90), sample(11, 90)], &ours),
+            container_share(&per_process(&[sample(99, 80)], &ours)),
+            None
+        );
+        assert_eq!(
+            container_share(&per_process(&[sample(10, 90), sample(11, 90)], &ours)),
             Some(100.0)
         );
     }
