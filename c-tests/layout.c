@@ -37,7 +37,8 @@ int main(void) {
     OFF(hami_ext_t, buckets, 16);
     OFF(hami_ext_t, buckets[1].spent, 16 + 40 + 32);
     OFF(hami_ext_t, context_cost, 16 + 16 * 40);
-    OFF(hami_ext_t, reserved, 16 + 16 * 40 + 16 * 8);
+    OFF(hami_ext_t, context_probe, 16 + 16 * 40 + 16 * 8);
+    OFF(hami_ext_t, reserved, 16 + 16 * 40 + 2 * 16 * 8);
     OFF(device_memory_t, context_size, 0);
     OFF(device_memory_t, module_size, 8);
     OFF(device_memory_t, data_size, 16);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh BUILD FAKE LIBVGPU: runs every hook test over the stand-in driver, each under
 # LD_PRELOAD=LIBVGPU with its own FAKE_GPU_STATE and CUDA_DEVICE_MEMORY_SHARED_CACHE, and prints a
-# summary. Exit status 1 if any test failed.
+# summary. Exit status 1 if any test failed. HK_ONLY='herd|limit' runs only the rows so named.
 set -u
 build=$(cd "$1" && pwd)
 fake=$(cd "$2" && pwd)
@@ -18,6 +18,7 @@ failed=0
 # t NAME TIMEOUT ENV... -- COMMAND...
 t() {
     local name=$1 limit=$2; shift 2
+    [[ -z "${HK_ONLY:-}" || $name =~ ^(${HK_ONLY})$ ]] || return 0
     local -a envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift

@@ -2,7 +2,8 @@
  * t_herd: HK_PROCS processes (default 32) start at once, each retaining a primary context, under
  * HK_LIMIT. Contexts are admitted at their cost, learnt once per device, so exactly as many get
  * one as fit (HK_EXPECT, or limit / FAKE_CTX_BYTES), and the others get
- * CUDA_ERROR_OUT_OF_MEMORY with one line; the GPU's real usage (the stand-in's own count, or
+ * CUDA_ERROR_OUT_OF_MEMORY with one line (on a GPU, where the cost is the driver's, the count wanted
+ * is limit / the cost the library measured and published, and it is printed to compare with NVML); the GPU's real usage (the stand-in's own count, or
  * NVML's process list on a GPU), sampled every 2 ms behind the library's back, never passes the
  * limit while the contexts are created and destroyed. Then the admitted processes allocate
  * 16 MiB chunks until refused: together they can use all the rest of the limit.
@@ -13,6 +14,21 @@
 #include <stdatomic.h>
 
 static atomic_ullong g_real_max;
+
+/* The context cost the library published for region device `dev` in the region's tail (0: none). */
+static unsigned long long published_cost(int dev)
+{
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    unsigned long long cost = 0;
+    int fd = open(path && *path ? path : "/tmp/cudevshr.cache", O_RDONLY);
+    if (fd >= 0) {
+        off_t at = EXT_OFFSET + offsetof(hami_ext_t, context_cost) + (off_t)dev * sizeof cost;
+        if (pread(fd, &cost, sizeof cost, at) != (ssize_t)sizeof cost)
+            cost = 0;
+        close(fd);
+    }
+    return cost;
+}
 static atomic_int g_sampling = 1;
 
 static void *sampler(void *arg)
@@ -135,6 +151,10 @@ int main(int argc, char **argv)
     }
     INFO("%d processes: %d got a context, %d refused, %d other; the slowest answer took %.0f ms",
          procs, admitted, refused, other, slowest);
+    unsigned long long cost = published_cost(0);
+    INFO("the published context cost: %llu MiB (%llu bytes)", cost / MIB, cost);
+    if (!expect && cost)
+        expect = (int)(limit / cost);
     if (expect)
         CHECK(admitted == expect && refused == procs - expect,
               "exactly as many contexts as fit: %d of %d (want %d), the others refused", admitted,

@@ -96,7 +96,7 @@ static int hold(const char *limit_env)
         cuMemFree_v2(small);
     r = cuMemFree_v2(held);
     CHECK(r == CUDA_SUCCESS, "the memory held before the truncation is freed (%d)", (int)r);
-    CHECK(file_len(cache) == (long long)sizeof(shared_region_t) + 1,
+    CHECK(file_len(cache) == (long long)EXT_END + 1,
           "the file has its size again (%lld bytes)", file_len(cache));
 
     /* A fault in the application's own mapping still reaches the application's handler. */

@@ -139,9 +139,10 @@ pub enum Admitted {
 }
 
 /// Admits and creates one context (the whole of spec/ContextAdmission.tla's process). Where no
-/// limit applies the context is created and its measured cost counted afterwards. `fallback`
-/// is what a context counts when its cost cannot be measured (no NVML): the prober then shrinks
-/// to it and publishes it, so the limit is only as safe as that estimate.
+/// limit applies nobody waits for the lease: the context is created, its measured cost
+/// published and counted ([`unlimited`]). `fallback` is what a context counts when its cost
+/// cannot be measured (no NVML): the prober then shrinks to it and publishes it, so the limit
+/// is only as safe as that estimate.
 pub fn admit<P: Platform>(
     cell: ContextCell<'_>,
     platform: &P,
@@ -160,6 +161,9 @@ pub fn admit_planned<P: Platform>(
     fallback: u64,
     plan: fn(ContextCell<'_>, &P) -> Plan,
 ) -> Admitted {
+    if steps.free().is_none() {
+        return unlimited(cell, steps, fallback);
+    }
     let me = platform.self_id();
     loop {
         match plan(cell, platform) {
@@ -210,7 +214,11 @@ fn create_at_cost(steps: &mut impl Steps, cost: u64) -> Admitted {
 /// publish, then shrink and give the lease back.
 fn probe(cell: ContextCell<'_>, me: ProcId, steps: &mut impl Steps, fallback: u64) -> Admitted {
     let held = match steps.free() {
-        None => 0,
+        None => {
+            // The limit was lifted since the plan.
+            release_probe(cell, me);
+            return unlimited(cell, steps, fallback);
+        }
         Some(0) => {
             release_probe(cell, me);
             return Admitted::Refused { needed: fallback };
@@ -236,11 +244,7 @@ fn probe(cell: ContextCell<'_>, me: ProcId, steps: &mut impl Steps, fallback: u6
         Ok(m) => m.unwrap_or(fallback),
     };
     publish(cell, measured);
-    let outcome = if held == 0 {
-        // No limit: count what was measured (always admitted).
-        steps.reserve(measured);
-        Admitted::Created { reserved: measured }
-    } else if measured > held {
+    let outcome = if measured > held {
         // The context alone is larger than what was free (spec: finding 6).
         steps.destroy();
         steps.release(held);
@@ -251,4 +255,21 @@ fn probe(cell: ContextCell<'_>, me: ProcId, steps: &mut impl Steps, fallback: u6
     };
     release_probe(cell, me);
     outcome
+}
+
+/// No limit applies: create without the lease (nothing to keep within), publish a measured cost
+/// for limited processes of the region, and count the context (measured, else the published
+/// cost, else `fallback`) so the views show it.
+fn unlimited(cell: ContextCell<'_>, steps: &mut impl Steps, fallback: u64) -> Admitted {
+    let measured = match steps.create() {
+        Err(code) => return Admitted::DriverFailed(code),
+        Ok(m) => m,
+    };
+    if let Some(m) = measured {
+        publish(cell, m);
+    }
+    let known = cell.cost.load(Ordering::Acquire);
+    let cost = measured.unwrap_or(if known != 0 { known } else { fallback });
+    let reserved = if steps.reserve(cost) { cost } else { 0 };
+    Admitted::Created { reserved }
 }

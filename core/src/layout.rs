@@ -116,7 +116,7 @@ pub const fn ext_offset(region_size: usize) -> usize {
     (region_size + 1).next_multiple_of(4096)
 }
 /// 64-bit words of [`Ext::reserved`]: the tail fills one page.
-pub const EXT_RESERVED_WORDS: usize = 414;
+pub const EXT_RESERVED_WORDS: usize = 398;
 
 /// Our extension of the region file: a page after the v1.2 region that neither C peers (which map
 /// `SIZE` bytes) nor HAMi's monitor (which reads `sizeof(sharedRegionT)` bytes) touch. All zero is
@@ -132,9 +132,12 @@ pub struct Ext {
     pub devs: AtomicU32,
     /// SM token bucket per region device.
     pub buckets: [SmBucket; ABI_DEVS],
-    /// Reserved for the per-device context cost (bytes a context takes on that device, issue 17);
-    /// 0 until written.
+    /// Bytes one context takes on each region device, as measured by the first process that
+    /// created one there; 0 until measured ([`crate::context`]).
     pub context_cost: [AtomicU64; ABI_DEVS],
+    /// The context probe lease per region device: 0, or the [`crate::platform::ProcId`] of the
+    /// process measuring the first context there ([`crate::context`]).
+    pub context_probe: [AtomicU64; ABI_DEVS],
     /// Zero; later extensions take words from here, and bump [`EXT_VERSION`].
     pub reserved: [AtomicU64; EXT_RESERVED_WORDS],
 }
@@ -148,6 +151,7 @@ impl Ext {
             devs: AtomicU32::new(0),
             buckets: core::array::from_fn(|_| SmBucket::zeroed()),
             context_cost: zeroed_u64s(),
+            context_probe: zeroed_u64s(),
             reserved: zeroed_u64s(),
         }
     }
@@ -384,7 +388,8 @@ mod pinned {
     const_assert_eq!(offset_of!(Ext, devs), 12);
     const_assert_eq!(offset_of!(Ext, buckets), 16);
     const_assert_eq!(offset_of!(Ext, context_cost), 656);
-    const_assert_eq!(offset_of!(Ext, reserved), 784);
+    const_assert_eq!(offset_of!(Ext, context_probe), 784);
+    const_assert_eq!(offset_of!(Ext, reserved), 912);
 
     const_assert_eq!(size_of::<DeviceMemory>(), 64);
     const_assert_eq!(align_of::<DeviceMemory>(), 8);

@@ -20,7 +20,7 @@
 #define EXT_VERSION 1
 #define EXT_OFFSET 2011136
 #define EXT_END 2015232
-#define EXT_RESERVED_WORDS 414
+#define EXT_RESERVED_WORDS 398
 #define STATUS_EXITED 0
 #define STATUS_RUNNING 1
 #define STATUS_SUSPENDED 2
@@ -333,10 +333,15 @@ typedef struct {
    */
   SmBucket buckets[ABI_DEVS];
   /*
-   Reserved for the per-device context cost (bytes a context takes on that device, issue 17);
-   0 until written.
+   Bytes one context takes on each region device, as measured by the first process that
+   created one there; 0 until measured ([`crate::context`]).
    */
   _Atomic uint64_t context_cost[ABI_DEVS];
+  /*
+   The context probe lease per region device: 0, or the [`crate::platform::ProcId`] of the
+   process measuring the first context there ([`crate::context`]).
+   */
+  _Atomic uint64_t context_probe[ABI_DEVS];
   /*
    Zero; later extensions take words from here, and bump [`EXT_VERSION`].
    */

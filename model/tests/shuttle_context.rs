@@ -34,17 +34,21 @@ struct Cells {
     probe: AtomicU64,
 }
 
-/// What the GPU really holds, and its check.
+/// What the GPU really holds, and its check against `limit` (`None`: no limit applies).
 struct Gpu {
+    limit: Option<u64>,
     real: PlainU64,
     created: PlainU64,
     refused: PlainU64,
+    waits: PlainU64,
 }
 
 impl Gpu {
     fn create(&self) {
         let now = self.real.fetch_add(COST, Plain::SeqCst) + COST;
-        assert!(now <= LIMIT, "real usage over the limit: {now} of {LIMIT}");
+        if let Some(limit) = self.limit {
+            assert!(now <= limit, "real usage over the limit: {now} of {limit}");
+        }
     }
 }
 
@@ -64,7 +68,8 @@ impl Steps for ModelSteps<'_> {
         admission::release(self.p.region(), self.p, self.slot, 0, Kind::Context, bytes);
     }
     fn free(&mut self) -> Option<u64> {
-        Some(LIMIT.saturating_sub(admission::device_usage(self.p.region(), 0)))
+        let limit = self.gpu.limit?;
+        Some(limit.saturating_sub(admission::device_usage(self.p.region(), 0)))
     }
     fn create(&mut self) -> Result<Option<u64>, i32> {
         self.gpu.create();
@@ -89,14 +94,22 @@ fn core_admit(cell: ContextCell<'_>, p: &P, steps: &mut ModelSteps<'_>) -> Admit
     context::admit(cell, p, steps, COST / 2)
 }
 
-/// `n` processes start together; returns how many got a context.
+/// `n` processes start together under [`LIMIT`]; returns how many got a context.
 fn herd(n: usize, admit: Admit) -> u64 {
-    let sim: Arc<S> = S::initialised([LIMIT]);
+    herd_under(n, admit, Some(LIMIT)).0
+}
+
+/// `n` processes start together under `limit`; returns how many got a context and how many
+/// times they waited for the probe lease.
+fn herd_under(n: usize, admit: Admit, limit: Option<u64>) -> (u64, u64) {
+    let sim: Arc<S> = S::initialised([limit.unwrap_or(0)]);
     let cells = Arc::new(Cells {
         cost: AtomicU64::new(0),
         probe: AtomicU64::new(0),
     });
     let gpu = StdArc::new(Gpu {
+        limit,
+        waits: PlainU64::new(0),
         real: PlainU64::new(0),
         created: PlainU64::new(0),
         refused: PlainU64::new(0),
@@ -119,7 +132,9 @@ fn herd(n: usize, admit: Admit) -> u64 {
                     gpu: &gpu,
                     waits: 0,
                 };
-                match admit(cell, &p, &mut steps) {
+                let admitted = admit(cell, &p, &mut steps);
+                gpu.waits.fetch_add(u64::from(steps.waits), Plain::SeqCst);
+                match admitted {
                     Admitted::Created { reserved } => {
                         assert!(reserved >= COST, "a context counted below its cost: {reserved}");
                         gpu.created.fetch_add(1, Plain::SeqCst);
@@ -140,7 +155,10 @@ fn herd(n: usize, admit: Admit) -> u64 {
         n as u64,
         "every process is told created or refused"
     );
-    gpu.created.load(Plain::SeqCst)
+    if limit.is_none() {
+        assert_eq!(cells.cost.load(Ordering::Acquire), COST, "the cost is published");
+    }
+    (gpu.created.load(Plain::SeqCst), gpu.waits.load(Plain::SeqCst))
 }
 
 /// Random schedules, then PCT schedules (which find the narrow windows between two steps of
@@ -169,6 +187,20 @@ fn a_herd_gets_as_many_contexts_as_fit() {
 #[test]
 fn two_processes_both_get_one() {
     check_progress(2, core_admit, 1000);
+}
+
+/// No limit: every process gets its context at once, nobody waits for the lease, and the cost
+/// is published for limited processes.
+#[test]
+fn without_a_limit_nobody_waits() {
+    shuttle::check_random(
+        || {
+            let (created, waits) = herd_under(5, core_admit, None);
+            assert_eq!(created, 5, "every process gets a context");
+            assert_eq!(waits, 0, "nobody waits for the probe lease");
+        },
+        1000,
+    );
 }
 
 /// Today's estimate-then-grow: reserve 200, create (the GPU holds 300 at once), measure, grow

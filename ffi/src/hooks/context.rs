@@ -1,21 +1,24 @@
 //! Contexts: their own memory counts against the limit (as `Kind::Context`), and destroying one
 //! releases everything allocated in it.
 //!
-//! A context costs the GPU hundreds of MiB (its local-memory, printf and heap reservations, and
-//! on real GPUs the runtime's first module loads), and the limit is about the memory the
-//! container's processes really use as NVML reports it. So each `cuCtxCreate*` and the first
-//! `cuDevicePrimaryCtxRetain` per device:
+//! A context costs the GPU hundreds of MiB (its local-memory, printf and heap reservations; 518
+//! MiB on an H200), and the limit is about the memory the container's processes really use as
+//! NVML reports it. So each `cuCtxCreate*` and the first `cuDevicePrimaryCtxRetain` per device
+//! is admitted at its real cost *before* it is created ([`hami_shm::context`],
+//! spec/ContextAdmission.tla): the cost of a context is learnt once per device, by the first
+//! process that creates one there, and published in the region's tail, where every later
+//! process reads and reserves it. The first process (the prober) reserves the whole free part of
+//! the limit, creates, measures, publishes and then shrinks to the cost; processes that start
+//! meanwhile wait for the publication (at most [`PROBE_WAIT_NS`]). A herd of processes starting
+//! together thus gets as many contexts as fit, and the rest `CUDA_ERROR_OUT_OF_MEMORY`, without
+//! the real usage ever passing the limit.
 //!
-//! 1. reserves an *estimate* first (admission before creation; refused → `CUDA_ERROR_OUT_OF_MEMORY`
-//!    and no context): the last cost measured on that device in this process, else
-//!    `HAMI_CONTEXT_SIZE` (a size such as `512m`), else 256 MiB;
-//! 2. creates the context; the process's first one also finds its host pid ([`host_pid`]).
-//!    Then it **measures** the context's cost: this process's usage of the device in NVML's
-//!    process list after minus before, found by the host pid (discovered, or set in its slot by
-//!    HAMi's monitor), else by its own pid. If it cannot be measured, the estimate stands;
-//! 3. moves the reservation to the measured cost. If the larger cost no longer fits, the
-//!    context is destroyed again and the call returns `CUDA_ERROR_OUT_OF_MEMORY`, so the real
-//!    usage stays within the limit.
+//! Measuring: this process's usage of the device in NVML's process list after the creation minus
+//! before, found by the host pid (discovered by [`host_pid`] at the first context, or set in its
+//! slot by HAMi's monitor), else by its own pid. Without NVML a context counts
+//! `HAMI_CONTEXT_SIZE` (default 256 MiB), and the limit is only as good as that figure. A
+//! context that measures more than the published cost grows its reservation, or is destroyed
+//! again and refused.
 //!
 //! The cost is released by `cuCtxDestroy*`, or by the `cuDevicePrimaryCtxRelease*` that drops
 //! this process's retain count to zero. `cuDevicePrimaryCtxReset*` frees the context's
@@ -23,13 +26,14 @@
 //! context is re-created on next use.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use hami_shm::layout::ABI_DEVS;
-use hami_shm::platform::Platform;
+use hami_shm::admission::OutOfMemory;
+use hami_shm::context::{self, Admitted, ContextCell, Steps};
+use hami_shm::platform::{Platform, ProcId};
 use hami_shm::seqlock::Kind;
 
-use crate::log::log_debug;
+use crate::log::{log_debug, log_warn};
 use crate::platform::{monotonic_ns, ms_between};
 use crate::runtime::Runtime;
 
@@ -37,19 +41,14 @@ use super::devices;
 use super::host_pid::{self, processes, usage_of, NewContext, Proc};
 use super::table::{self, Key, Record};
 use super::types::*;
-use super::{active, adjust, guard, real, refused};
+use super::{active, guard, real, refused};
 
-/// The last measured context cost per region device (0 = none yet).
-static LAST_COST: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
-
-/// The estimate for a new context on `dev`: the last cost measured there, else the configured
-/// one (`HAMI_CONTEXT_SIZE`, read and reported with the rest of the configuration).
-fn estimate(rt: &Runtime, dev: usize) -> u64 {
-    match LAST_COST.get(dev).map(|c| c.load(Ordering::Relaxed)) {
-        Some(c) if c != 0 => c,
-        _ => rt.config.context_size,
-    }
-}
+/// How long a process waits for another one to measure the first context of a device (it takes
+/// a few hundred milliseconds; a prober stopped by a signal or a debugger must not hang the
+/// others): past it the context is refused.
+const PROBE_WAIT_NS: u64 = 10_000_000_000;
+/// The pause between two looks at the probe lease.
+const PROBE_POLL_NS: u64 = 2_000_000;
 
 /// The pid NVML reports for this process: the host pid, discovered or set in its slot by HAMi's
 /// monitor; else its own pid (right in the driver's pid namespace).
@@ -68,64 +67,146 @@ fn measure(rt: &Runtime, before: Option<&[Proc]>, after: &[Proc]) -> Option<u64>
     let pid = my_pid(rt);
     let u = usage_of(after, pid)?;
     let b = before.and_then(|l| usage_of(l, pid)).unwrap_or(0);
-    Some(u.saturating_sub(b))
+    Some(u.saturating_sub(b)).filter(|&c| c > 0)
 }
 
-/// Creates a context with admission and measurement (module docs). `create` makes it; `undo`
-/// destroys it again. Returns the driver's result (or OOM) and the bytes reserved.
+/// One context's admission as [`context::admit`] drives it: reservations in this process's
+/// slot, the driver's create (measured through NVML) and undo, and the bounded wait.
+struct Admission<'a, C, M, U> {
+    rt: &'a Runtime,
+    what: &'a str,
+    dev: usize,
+    ordinal: CUdevice,
+    create: Option<C>,
+    made: M,
+    undo: Option<U>,
+    deadline_ns: u64,
+    /// Why the last reservation was refused, for the line that reports it.
+    refusal: Option<OutOfMemory>,
+}
+
+impl<C, M, U> Steps for Admission<'_, C, M, U>
+where
+    C: FnOnce() -> CUresult,
+    M: Fn() -> CUcontext,
+    U: FnOnce(),
+{
+    fn reserve(&mut self, bytes: u64) -> bool {
+        match super::memory::reserve(self.rt, self.dev, Kind::Context, bytes) {
+            Ok(()) => true,
+            Err(oom) => {
+                self.refusal = Some(oom);
+                false
+            }
+        }
+    }
+
+    fn release(&mut self, bytes: u64) {
+        self.rt.release(self.dev, Kind::Context, bytes);
+    }
+
+    fn free(&mut self) -> Option<u64> {
+        let limit = self.rt.limit(self.dev)?;
+        Some(limit.saturating_sub(self.rt.usage(self.dev)))
+    }
+
+    fn create(&mut self) -> Result<Option<u64>, i32> {
+        let Some(create) = self.create.take() else {
+            return Err(CUresult::UNKNOWN.0);
+        };
+        let t0 = monotonic_ns();
+        let before = if devices::nvml_ready() || !host_pid::list_before_optional() {
+            processes(self.dev)
+        } else {
+            None
+        };
+        let t1 = monotonic_ns();
+        let r = create();
+        let t2 = monotonic_ns();
+        if !r.ok() {
+            return Err(r.0);
+        }
+        let new = NewContext {
+            dev: self.dev,
+            ordinal: self.ordinal,
+            ctx: (self.made)(),
+        };
+        let after =
+            host_pid::discover(self.rt, &new, before.as_deref()).or_else(|| processes(self.dev));
+        let cost = after.and_then(|a| measure(self.rt, before.as_deref(), &a));
+        log_debug!(
+            "{}: context on device {} measured {cost:?} bytes; NVML list before {} ms, creation              {} ms, host pid and list after {} ms",
+            self.what,
+            self.dev,
+            ms_between(t0, t1),
+            ms_between(t1, t2),
+            ms_between(t2, monotonic_ns())
+        );
+        Ok(cost)
+    }
+
+    fn destroy(&mut self) {
+        if let Some(undo) = self.undo.take() {
+            undo();
+        }
+    }
+
+    fn wait(&mut self) -> bool {
+        if monotonic_ns() >= self.deadline_ns {
+            return false;
+        }
+        self.rt.platform.sleep_ns(PROBE_POLL_NS);
+        true
+    }
+}
+
+/// Creates a context with admission (module docs). `create` makes it; `made` reads it once made;
+/// `undo` destroys it again. Returns the driver's result (or OOM) and the bytes reserved.
 fn create_counted(
     rt: &Runtime,
     what: &str,
     (dev, ordinal): (usize, CUdevice),
     create: impl FnOnce() -> CUresult,
-    made: impl FnOnce() -> CUcontext,
+    made: impl Fn() -> CUcontext,
     undo: impl FnOnce(),
 ) -> (CUresult, u64) {
-    let est = estimate(rt, dev);
-    if let Err(oom) = super::memory::reserve(rt, dev, Kind::Context, est) {
-        return (refused(what, dev, est, oom), 0);
-    }
-    let t0 = monotonic_ns();
-    let before = if devices::nvml_ready() || !host_pid::list_before_optional() {
-        processes(dev)
-    } else {
-        None
+    let (Some(cost), Some(probe)) = (
+        rt.ext.context_cost.get(dev),
+        rt.ext.context_probe.get(dev),
+    ) else {
+        return (create(), 0);
     };
-    let t1 = monotonic_ns();
-    let r = create();
-    let t2 = monotonic_ns();
-    if !r.ok() {
-        rt.release(dev, Kind::Context, est);
-        return (r, 0);
-    }
-    let new = NewContext {
+    let cell = ContextCell { cost, probe };
+    let mut steps = Admission {
+        rt,
+        what,
         dev,
         ordinal,
-        ctx: made(),
+        create: Some(create),
+        made,
+        undo: Some(undo),
+        deadline_ns: monotonic_ns().saturating_add(PROBE_WAIT_NS),
+        refusal: None,
     };
-    let after = host_pid::discover(rt, &new, before.as_deref()).or_else(|| processes(dev));
-    let cost = match after.and_then(|a| measure(rt, before.as_deref(), &a)) {
-        Some(c) if c > 0 => {
-            if let Some(slot) = LAST_COST.get(dev) {
-                slot.store(c, Ordering::Relaxed);
-            }
-            c
+    match context::admit(cell, &rt.platform, &mut steps, rt.config.context_size) {
+        Admitted::Created { reserved } => (CUresult::SUCCESS, reserved),
+        Admitted::DriverFailed(code) => (CUresult(code), 0),
+        Admitted::Refused { needed } => {
+            let oom = steps.refusal.unwrap_or(OutOfMemory::OverLimit {
+                used: rt.usage(dev),
+                limit: rt.limit(dev).unwrap_or(0),
+            });
+            (refused(what, dev, needed, oom), 0)
         }
-        _ => est,
-    };
-    log_debug!(
-        "{what}: context on device {dev} costs {cost} bytes (estimate {est}); NVML list before \
-         {} ms, creation {} ms, host pid and list after {} ms",
-        ms_between(t0, t1),
-        ms_between(t1, t2),
-        ms_between(t2, monotonic_ns())
-    );
-    if let Err(oom) = adjust(rt, dev, Kind::Context, est, cost) {
-        undo();
-        rt.release(dev, Kind::Context, est);
-        return (refused(what, dev, cost, oom), 0);
+        Admitted::TimedOut => {
+            let holder = ProcId(probe.load(Ordering::Acquire)).pid();
+            log_warn!(
+                "Device {dev} OOM: {what} refused: process {holder} has been measuring the first                  context on this device for {} s (stopped or hung?); resume or end it and retry",
+                PROBE_WAIT_NS / 1_000_000_000
+            );
+            (CUresult::OUT_OF_MEMORY, 0)
+        }
     }
-    (r, cost)
 }
 
 /// Releases every allocation record owned by context `ctx`.
