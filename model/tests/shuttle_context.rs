@@ -136,7 +136,10 @@ fn herd_under(n: usize, admit: Admit, limit: Option<u64>) -> (u64, u64) {
                 gpu.waits.fetch_add(u64::from(steps.waits), Plain::SeqCst);
                 match admitted {
                     Admitted::Created { reserved } => {
-                        assert!(reserved >= COST, "a context counted below its cost: {reserved}");
+                        assert!(
+                            reserved >= COST,
+                            "a context counted below its cost: {reserved}"
+                        );
                         gpu.created.fetch_add(1, Plain::SeqCst);
                     }
                     Admitted::Refused { .. } => {
@@ -156,21 +159,28 @@ fn herd_under(n: usize, admit: Admit, limit: Option<u64>) -> (u64, u64) {
         "every process is told created or refused"
     );
     if limit.is_none() {
-        assert_eq!(cells.cost.load(Ordering::Acquire), COST, "the cost is published");
+        assert_eq!(
+            cells.cost.load(Ordering::Acquire),
+            COST,
+            "the cost is published"
+        );
     }
-    (gpu.created.load(Plain::SeqCst), gpu.waits.load(Plain::SeqCst))
+    (
+        gpu.created.load(Plain::SeqCst),
+        gpu.waits.load(Plain::SeqCst),
+    )
 }
 
 /// Random schedules, then PCT schedules (which find the narrow windows between two steps of
 /// one process, such as between the prober's publication and its shrink).
 fn check_progress(n: usize, admit: Admit, iterations: usize) {
     let body = move || {
-            let created = herd(n, admit);
-            let fit = (n as u64).min(LIMIT / COST);
-            assert_eq!(
-                created, fit,
-                "herd progress: {created} of {n} created where {fit} fit"
-            );
+        let created = herd(n, admit);
+        let fit = (n as u64).min(LIMIT / COST);
+        assert_eq!(
+            created, fit,
+            "herd progress: {created} of {n} created where {fit} fit"
+        );
     };
     shuttle::check_random(body, iterations);
     shuttle::check_pct(body, iterations, 3);

@@ -170,10 +170,8 @@ fn create_counted(
     made: impl Fn() -> CUcontext,
     undo: impl FnOnce(),
 ) -> (CUresult, u64) {
-    let (Some(cost), Some(probe)) = (
-        rt.ext.context_cost.get(dev),
-        rt.ext.context_probe.get(dev),
-    ) else {
+    let (Some(cost), Some(probe)) = (rt.ext.context_cost.get(dev), rt.ext.context_probe.get(dev))
+    else {
         return (create(), 0);
     };
     let cell = ContextCell { cost, probe };
