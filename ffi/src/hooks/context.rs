@@ -199,7 +199,8 @@ fn create_counted(
         Admitted::TimedOut => {
             let holder = ProcId(probe.load(Ordering::Acquire)).pid();
             log_warn!(
-                "Device {dev} OOM: {what} refused: process {holder} has been measuring the first                  context on this device for {} s (stopped or hung?); resume or end it and retry",
+                "Device {dev} OOM: {what} refused: process {holder} has been measuring the first \
+                 context on this device for {} s (stopped or hung?); resume or end it and retry",
                 PROBE_WAIT_NS / 1_000_000_000
             );
             (CUresult::OUT_OF_MEMORY, 0)
