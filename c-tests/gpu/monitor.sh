@@ -10,7 +10,9 @@
 # pair without a limit (each about 50%: the GPU is shared, nothing throttles).
 # MON_WARMUP / MON_MEASURE: seconds (default 40 and 15; the limiter re-measures a program held
 # back every 20 s, so its share settles after the first re-measurement). HK_RESULTS=FILE appends
-# the table. About 4 minutes. Needs python3 with torch; changes no GPU setting.
+# the table; MON_TRACE=DIR keeps each process's log there with the controller's steps
+# (LIBCUDA_LOG_LEVEL=4: its own and the device's utilisation, the rate). About 4 minutes. Needs
+# python3 with torch; changes no GPU setting.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -23,6 +25,7 @@ trap '[ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null; rm -rf "$work"' EXIT
 warmup=${MON_WARMUP:-40}
 measure=${MON_MEASURE:-15}
 py="$here/sm_work.py"
+trace=${MON_TRACE:-}
 
 # run NAME PROCS LIMIT POLICY MONITOR: PROCS containers together; prints one TFLOP/s per line.
 run() {
@@ -40,6 +43,7 @@ run() {
         mkdir -p "$dir"
         env LD_PRELOAD="$vgpu" CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/region.cache" \
             CUDA_DEVICE_SM_LIMIT="$limit" ${policy:+GPU_CORE_UTILIZATION_POLICY=$policy} \
+            ${trace:+LIBCUDA_LOG_LEVEL=4} \
             timeout -k 5 $((warmup + measure + 60)) python3 "$py" "$t0" "$warmup" "$measure" \
             >"$work/$name.$i.log" 2>&1 &
     done
@@ -51,6 +55,7 @@ run() {
         echo "--- $name: the monitor's last view of each container:" >&2
         tail -n 2 "$work/$name.monitor.log" | cut -c1-220 >&2
     fi
+    [ -n "$trace" ] && mkdir -p "$trace" && cp "$work/$name".*.log "$trace/"
     for i in $(seq 1 "$procs"); do
         v=$(sed -n 's/^tflops=\([0-9.]*\).*/\1/p' "$work/$name.$i.log")
         if [ -z "$v" ]; then
