@@ -416,6 +416,80 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     NV_LOCKED(procs(device, infoCount, infos, 3));
 }
 
+/* A compute-only GPU: no graphics or MPS processes. */
+static nvmlReturn_t no_procs(nvmlDevice_t d, unsigned int *count)
+{
+    int i;
+    NV_DEVICE(d, i);
+    (void)i;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                   nvmlProcessInfo_v1_t *infos)
+{
+    (void)infos;
+    NV_LOCKED(no_procs(device, infoCount));
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                      nvmlProcessInfo_v2_t *infos)
+{
+    (void)infos;
+    NV_LOCKED(no_procs(device, infoCount));
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                      nvmlProcessInfo_t *infos)
+{
+    (void)infos;
+    NV_LOCKED(no_procs(device, infoCount));
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_v1_t *infos)
+{
+    (void)infos;
+    NV_LOCKED(no_procs(device, infoCount));
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                        nvmlProcessInfo_v2_t *infos)
+{
+    (void)infos;
+    NV_LOCKED(no_procs(device, infoCount));
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                        nvmlProcessInfo_t *infos)
+{
+    (void)infos;
+    NV_LOCKED(no_procs(device, infoCount));
+}
+
+/* The name of the process NVML calls `pid` (a host pid: our pid + FAKE_NVML_PID_OFFSET): the
+ * first word of its command line, as the real one gives it. */
+static nvmlReturn_t proc_name(unsigned int pid, char *name, unsigned int length)
+{
+    if (!name || length == 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    long long local = (long long)pid - g_ncfg.pid_offset;
+    if (local <= 0)
+        return NVML_ERROR_NOT_FOUND;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%lld/cmdline", local);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NVML_ERROR_NOT_FOUND;
+    size_t n = fread(name, 1, length - 1, f);
+    fclose(f);
+    name[n] = 0;
+    return n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
+{
+    NV_LOCKED(proc_name(pid, name, length));
+}
+
 /* ---------------- utilisation ---------------- */
 
 static uint64_t device_busy(int i, uint64_t a, uint64_t b)

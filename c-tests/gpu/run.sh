@@ -140,6 +140,21 @@ if wanted hostpid-ns && { [ -x "$bin/demo" ] || timeout 60 make -s -C "$root/c-t
         row hostpid-16-in-pidns FAIL "$(grep '^FAIL' "$log" | head -1)"
     fi
 fi
+if wanted procs-ns && { [ -x "$bin/demo" ] || timeout 60 make -s -C "$root/c-tests/hooks" demo BUILD="$bin" \
+    CUDA_LIBS="-L$work/lib -Wl,--no-as-needed -l:libcuda.so.1 -l:libnvidia-ml.so.1" >>"$work/build.log" 2>&1; }; then
+    # nvidia-smi inside a pid namespace lists the container's processes (issue: the container view).
+    log=$work/procs.log
+    echo "=== procs-ns"
+    timeout -k 5 150 bash "$here/procs.sh" "$bin" "$vgpu" >"$log" 2>&1
+    cat "$log"
+    if grep -q '^SKIP' "$log"; then
+        rows+=("$(printf '%-22s %-5s %s' nvidia-smi-procs SKIP "$(sed -n 's/^SKIP \[procs\] //p' "$log")")")
+    elif grep -q '^FAIL' "$log" || ! grep -q '^PASS' "$log"; then
+        row nvidia-smi-procs FAIL "$(grep '^FAIL' "$log" | head -1)"
+    else
+        row nvidia-smi-procs PASS "$(sed -n 's/^PASS \[procs\] //p' "$log" | tr '\n' ';')"
+    fi
+fi
 if command -v python3 >/dev/null; then
     step ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=4g HK_LIMIT=4g -- python3 "$root/c-tests/hooks/t_ctypes.py"
     row python-ctypes "$verdict" "$detail"

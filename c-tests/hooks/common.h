@@ -268,9 +268,16 @@ static __attribute__((unused)) unsigned long long nvml_process_sum(int dev, int 
     nvmlDevice_t h;
     if (nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &h) != NVML_SUCCESS)
         return 0;
+    /* The driver's own list, behind our hooks (which list only the region's processes, at the
+     * region's counts). */
+    static procs_fn list;
+    if (!list)
+        list = (procs_fn)real_sym("libnvidia-ml.so.1", "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (!list)
+        list = nvmlDeviceGetComputeRunningProcesses_v3;
     nvmlProcessInfo_t infos[256];
     unsigned int n = 256;
-    if (nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos) != NVML_SUCCESS)
+    if (list(h, &n, infos) != NVML_SUCCESS)
         return 0;
     unsigned long long sum = 0;
     for (unsigned i = 0; i < n && i < 256; i++) {

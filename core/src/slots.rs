@@ -51,6 +51,38 @@ pub fn slot_owner<const D: usize>(slot: &ProcSlot<D>) -> ProcId {
     ProcId::new(pid, tag)
 }
 
+/// A process of the region as the container's process views list it (`nvidia-smi` inside the
+/// container): its pid in the container, its host pid (0 while unknown) and the bytes the region
+/// counts for it on one device, its context included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// Pid in the container's namespace.
+    pub pid: u32,
+    /// Pid as the driver reports it; 0 while unknown.
+    pub hostpid: u32,
+    /// Bytes counted on the device.
+    pub bytes: u64,
+}
+
+/// The region's processes that still run, with what each holds on device `dev`, in slot order.
+/// A process that is certainly dead is left out even before its slot is reaped.
+pub fn listed<'a, P: Platform, const S: usize, const D: usize>(
+    region: &'a Region<S, D>,
+    platform: &'a P,
+    dev: usize,
+) -> impl Iterator<Item = Listed> + 'a {
+    region
+        .live_range()
+        .iter()
+        .filter(move |s| dev < D && s.pid.load(Ordering::Relaxed) > 0)
+        .filter(move |s| platform.liveness(slot_owner(s)) != Liveness::Dead)
+        .map(move |s| Listed {
+            pid: s.pid.load(Ordering::Relaxed) as u32,
+            hostpid: s.hostpid.load(Ordering::Relaxed).max(0) as u32,
+            bytes: seqlock::read(s, dev).0.total,
+        })
+}
+
 /// The `unused[0]` word for `me`: pid above, tag below.
 fn identity_word(me: ProcId) -> u64 {
     (u64::from(me.pid() as u32) << 32) | u64::from(me.tag())

@@ -42,9 +42,9 @@ use crate::log::{log_debug, log_info, log_warn};
 use crate::platform::{monotonic_ns, ms_between};
 use crate::runtime::Runtime;
 
-use super::devices;
 use super::real;
 use super::types::*;
+use super::{devices, nvml_procs};
 
 /// One entry of NVML's compute-process list: `(pid, used bytes)`.
 pub type Proc = (u32, u64);
@@ -91,37 +91,16 @@ pub fn processes(dev: usize) -> Option<Vec<Proc>> {
         .get()
         .or_else(|| real::nvmlDeviceGetComputeRunningProcesses_v2.get());
     match v2 {
-        Some(f) => query(h, f, |p: &NvmlProcessInfo| (p.pid, p.used_gpu_memory)),
+        Some(f) => {
+            let all = nvml_procs::list_all(h, f).ok()?;
+            Some(all.iter().map(|p| (p.pid, p.used_gpu_memory)).collect())
+        }
         None => {
             let f = real::nvmlDeviceGetComputeRunningProcesses.get()?;
-            query(h, f, |p: &NvmlProcessInfoV1| (p.pid, p.used_gpu_memory))
+            let all = nvml_procs::list_all(h, f).ok()?;
+            Some(all.iter().map(|p| (p.pid, p.used_gpu_memory)).collect())
         }
     }
-}
-
-/// One process-list query with entries of type `E`, growing the buffer while NVML says it is
-/// too small.
-fn query<E: Default + Clone>(
-    h: NvmlDevice,
-    f: unsafe extern "C" fn(NvmlDevice, *mut std::ffi::c_uint, *mut E) -> NvmlReturn,
-    entry: impl Fn(&E) -> Proc,
-) -> Option<Vec<Proc>> {
-    let mut cap = 64u32;
-    for _ in 0..4 {
-        let mut n = cap;
-        let mut buf = vec![E::default(); cap as usize];
-        // SAFETY: the real query writes at most `n` entries of its own layout `E` into our
-        // buffer of `cap`.
-        let r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
-        if r == NvmlReturn::INSUFFICIENT_SIZE {
-            cap = n.max(cap.saturating_mul(2)).min(1 << 16);
-            continue;
-        }
-        return r
-            .ok()
-            .then(|| buf.iter().take(n.min(cap) as usize).map(&entry).collect());
-    }
-    None
 }
 
 /// Usage of `pid` in `list`, if listed with a known value.

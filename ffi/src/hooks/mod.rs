@@ -62,6 +62,7 @@ pub mod host_pid;
 pub mod launch;
 pub mod memory;
 pub mod nvml;
+pub mod nvml_procs;
 pub mod procaddr;
 pub mod real;
 pub mod registry;

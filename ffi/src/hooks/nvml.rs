@@ -19,7 +19,7 @@ use super::types::*;
 use super::{active, devices, guard, real};
 
 /// The region index of an NVML handle (its NVML index), if the region has it.
-fn region_of(device: NvmlDevice) -> Option<usize> {
+pub(super) fn region_of(device: NvmlDevice) -> Option<usize> {
     let f = real::nvmlDeviceGetIndex.get()?;
     let mut idx: c_uint = 0;
     // SAFETY: the real NVML call writing one index into a local.
@@ -119,18 +119,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 
 // ---- Utilisation source of the SM limiter ------------------------------------------------------
 
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct ProcessUtilSample {
-    pid: c_uint,
-    time_stamp: u64,
-    sm_util: c_uint,
-    mem_util: c_uint,
-    enc_util: c_uint,
-    dec_util: c_uint,
-}
-
 /// `nvmlUtilization_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -139,12 +127,11 @@ struct Utilization {
     memory: c_uint,
 }
 
-type ProcUtilFn =
-    unsafe extern "C" fn(NvmlDevice, *mut ProcessUtilSample, *mut c_uint, u64) -> NvmlReturn;
+/// The real `nvmlDeviceGetProcessUtilization`.
+pub(super) type ProcUtilFn =
+    unsafe extern "C" fn(NvmlDevice, *mut NvmlProcessUtilSample, *mut c_uint, u64) -> NvmlReturn;
 type UtilRatesFn = unsafe extern "C" fn(NvmlDevice, *mut Utilization) -> NvmlReturn;
 
-static PROCESS_UTILIZATION: real::Real<ProcUtilFn> =
-    real::Real::new(&real::NVML, c"nvmlDeviceGetProcessUtilization");
 static UTILIZATION_RATES: real::Real<UtilRatesFn> =
     real::Real::new(&real::NVML, c"nvmlDeviceGetUtilizationRates");
 
@@ -175,7 +162,7 @@ fn container_pids(rt: &Runtime) -> HashSet<u32> {
 
 /// Each of the container's processes' SM utilisation in `samples`: the mean over its samples (a
 /// query can return several per process), by pid as NVML reports it.
-fn per_process(samples: &[ProcessUtilSample], ours: &HashSet<u32>) -> HashMap<u32, f64> {
+fn per_process(samples: &[NvmlProcessUtilSample], ours: &HashSet<u32>) -> HashMap<u32, f64> {
     let mut per_pid: HashMap<u32, (u64, u64)> = HashMap::new();
     for s in samples.iter().filter(|s| ours.contains(&s.pid)) {
         let e = per_pid.entry(s.pid).or_default();
@@ -215,6 +202,32 @@ fn publish_sm_util(rt: &Runtime, dev: usize, per_pid: &HashMap<u32, f64>) {
     }
 }
 
+/// NVML's process samples for `h` newer than `since` (microseconds) from the real query `f`,
+/// growing the buffer while NVML says it is too small. `Err` is NVML's answer when it has none.
+pub(super) fn process_samples(
+    h: NvmlDevice,
+    f: ProcUtilFn,
+    since: u64,
+) -> Result<Vec<NvmlProcessUtilSample>, NvmlReturn> {
+    let mut cap: c_uint = 64;
+    for _ in 0..4 {
+        let mut buf = vec![NvmlProcessUtilSample::default(); cap as usize];
+        let mut n = cap;
+        // SAFETY: the real query writes at most `n` samples into our buffer of `cap`.
+        let r = unsafe { f(h, buf.as_mut_ptr(), &mut n, since) };
+        if r == NvmlReturn::INSUFFICIENT_SIZE {
+            cap = n.max(cap.saturating_mul(2)).min(4096);
+            continue;
+        }
+        if !r.ok() {
+            return Err(r);
+        }
+        buf.truncate(n.min(cap) as usize);
+        return Ok(buf);
+    }
+    Err(NvmlReturn::INSUFFICIENT_SIZE)
+}
+
 /// SM utilisation (percent) of region device `dev` by this container's processes since the last
 /// call, from `nvmlDeviceGetProcessUtilization`. If there is no new sample, or none can be
 /// attributed to the container (its processes run in another pid namespace and their host pids
@@ -223,39 +236,24 @@ pub fn container_sm_util(dev: usize) -> Option<f64> {
     let rt = crate::runtime::existing()?;
     let h = devices::nvml_handle(dev)?;
     let last = LAST_SEEN.get(dev)?;
-    if let Some(f) = PROCESS_UTILIZATION.get() {
+    if let Some(f) = real::nvmlDeviceGetProcessUtilization.get() {
         let since = match last.load(Ordering::Relaxed) {
             0 => now_us().saturating_sub(1_000_000),
             t => t,
         };
-        let mut cap: c_uint = 64;
-        for _ in 0..4 {
-            let mut buf = vec![ProcessUtilSample::default(); cap as usize];
-            let mut n = cap;
-            // SAFETY: the real query writes at most `n` samples into our buffer of `cap`.
-            let r = unsafe { f(h, buf.as_mut_ptr(), &mut n, since) };
-            if r == NvmlReturn::INSUFFICIENT_SIZE {
-                cap = n.max(cap.saturating_mul(2)).min(4096);
-                continue;
-            }
-            if !r.ok() {
-                break;
-            }
-            let samples = &buf[..(n.min(cap) as usize)];
+        if let Ok(samples) = process_samples(h, f, since) {
             if let Some(newest) = samples.iter().map(|s| s.time_stamp).max() {
                 last.store(newest, Ordering::Relaxed);
             }
             // No sample newer than the last one: nothing new, not an idle GPU. The device-wide
             // rate below answers instead.
-            if samples.is_empty() {
-                break;
+            if !samples.is_empty() {
+                let per_pid = per_process(&samples, &container_pids(rt));
+                publish_sm_util(rt, dev, &per_pid);
+                if let Some(util) = container_share(&per_pid) {
+                    return Some(util);
+                }
             }
-            let per_pid = per_process(samples, &container_pids(rt));
-            publish_sm_util(rt, dev, &per_pid);
-            if let Some(util) = container_share(&per_pid) {
-                return Some(util);
-            }
-            break;
         }
     }
     let f = UTILIZATION_RATES.get()?;
@@ -270,11 +268,11 @@ pub fn container_sm_util(dev: usize) -> Option<f64> {
 mod tests {
     use super::*;
 
-    fn sample(pid: u32, sm_util: u32) -> ProcessUtilSample {
-        ProcessUtilSample {
+    fn sample(pid: u32, sm_util: u32) -> NvmlProcessUtilSample {
+        NvmlProcessUtilSample {
             pid,
             sm_util,
-            ..ProcessUtilSample::default()
+            ..NvmlProcessUtilSample::default()
         }
     }
 

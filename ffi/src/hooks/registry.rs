@@ -4,7 +4,7 @@
 
 use super::real::{self, Real};
 use super::types::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-use super::{context, launch, memory, nvml, procaddr};
+use super::{context, launch, memory, nvml, nvml_procs, procaddr};
 
 /// Something with a real address (a [`Real`] of any signature).
 pub trait RealAddr {
@@ -122,6 +122,27 @@ pub static FAMILIES: &[Family] = &[
         v!(launch::cuGraphLaunch_ptsz, 10000, true)),
     fam!(nvmlDeviceGetMemoryInfo: v!(nvml::nvmlDeviceGetMemoryInfo, 0)),
     fam!(nvmlDeviceGetMemoryInfo_v2: v!(nvml::nvmlDeviceGetMemoryInfo_v2, 0)),
+    fam!(nvmlDeviceGetComputeRunningProcesses:
+        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses, 0)),
+    fam!(nvmlDeviceGetComputeRunningProcesses_v2:
+        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v2, 0)),
+    fam!(nvmlDeviceGetComputeRunningProcesses_v3:
+        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v3, 0)),
+    fam!(nvmlDeviceGetGraphicsRunningProcesses:
+        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses, 0)),
+    fam!(nvmlDeviceGetGraphicsRunningProcesses_v2:
+        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v2, 0)),
+    fam!(nvmlDeviceGetGraphicsRunningProcesses_v3:
+        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v3, 0)),
+    fam!(nvmlDeviceGetMPSComputeRunningProcesses:
+        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses, 0)),
+    fam!(nvmlDeviceGetMPSComputeRunningProcesses_v2:
+        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v2, 0)),
+    fam!(nvmlDeviceGetMPSComputeRunningProcesses_v3:
+        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v3, 0)),
+    fam!(nvmlDeviceGetProcessUtilization:
+        v!(nvml_procs::nvmlDeviceGetProcessUtilization, 0)),
+    fam!(nvmlSystemGetProcessName: v!(nvml_procs::nvmlSystemGetProcessName, 0)),
 ];
 
 /// Whether a name can be hooked at all (cheap pre-filter for `dlsym`).

@@ -242,6 +242,8 @@ impl NvmlReturn {
     pub const INVALID_ARGUMENT: NvmlReturn = NvmlReturn(2);
     /// `NVML_ERROR_INSUFFICIENT_SIZE`.
     pub const INSUFFICIENT_SIZE: NvmlReturn = NvmlReturn(7);
+    /// `NVML_ERROR_NOT_FOUND`.
+    pub const NOT_FOUND: NvmlReturn = NvmlReturn(6);
     /// `NVML_ERROR_FUNCTION_NOT_FOUND`: what a hook returns when the library lacks the function.
     pub const FUNCTION_NOT_FOUND: NvmlReturn = NvmlReturn(13);
     /// `NVML_ERROR_UNKNOWN`.
@@ -308,6 +310,24 @@ pub struct NvmlProcessInfo {
     pub compute_instance_id: c_uint,
 }
 
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessUtilSample {
+    /// Process id as the driver sees it.
+    pub pid: c_uint,
+    /// CPU timestamp of the sample, microseconds.
+    pub time_stamp: u64,
+    /// SM utilisation, percent.
+    pub sm_util: c_uint,
+    /// Memory utilisation, percent.
+    pub mem_util: c_uint,
+    /// Encoder utilisation, percent.
+    pub enc_util: c_uint,
+    /// Decoder utilisation, percent.
+    pub dec_util: c_uint,
+}
+
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 pub const NVML_UUID_BUFFER: usize = 96;
 
@@ -333,6 +353,7 @@ mod tests {
         assert_eq!(offset_of!(NvmlMemoryV2, total), 8);
         assert_eq!(size_of::<NvmlProcessInfoV1>(), 16);
         assert_eq!(size_of::<NvmlProcessInfo>(), 24);
+        assert_eq!(size_of::<NvmlProcessUtilSample>(), 32);
         assert_eq!(size_of::<CUresult>(), 4);
         assert_eq!(size_of::<NvmlReturn>(), 4);
     }

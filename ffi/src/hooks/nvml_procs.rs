@@ -1,0 +1,401 @@
+//! The container's processes in NVML's process lists, so that `nvidia-smi` inside the container
+//! lists them.
+//!
+//! NVML reports the host's pids, which a container cannot see, and every container's processes
+//! on the GPU. With a region in use, the process queries (`nvmlDeviceGet{Compute,Graphics,
+//! MPSCompute}RunningProcesses` v1–v3 and `nvmlDeviceGetProcessUtilization`) answer with the
+//! container's processes only: each under the pid the container knows, matched to NVML's entry
+//! by the host pid its slot holds (or by its own pid where the driver reports the container's
+//! pids), with the memory the region counts for it (its context included). The compute list also
+//! names a process of the region that holds memory on the device but that NVML does not list
+//! (its host pid is not known yet). `nvmlSystemGetProcessName` names the container's processes
+//! from the container's `/proc`.
+//! Without a region, or for a device the region does not have, NVML's answers pass through.
+
+use std::ffi::{c_char, c_uint};
+
+use hami_shm::slots::{self, Listed};
+
+use super::types::*;
+use super::{active, guard, nvml, real};
+
+/// One entry of a process list, whatever its version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    pid: u32,
+    bytes: u64,
+    gpu_instance: u32,
+    compute_instance: u32,
+}
+
+/// NVML's "not applicable" instance id (not a MIG device).
+const NO_INSTANCE: u32 = u32::MAX;
+
+/// A process-list entry layout of one NVML version.
+trait ProcEntry: Copy + Default {
+    fn entry(&self) -> Entry;
+    fn from_entry(e: Entry) -> Self;
+}
+
+impl ProcEntry for NvmlProcessInfoV1 {
+    fn entry(&self) -> Entry {
+        Entry {
+            pid: self.pid,
+            bytes: self.used_gpu_memory,
+            gpu_instance: NO_INSTANCE,
+            compute_instance: NO_INSTANCE,
+        }
+    }
+    fn from_entry(e: Entry) -> Self {
+        NvmlProcessInfoV1 {
+            pid: e.pid,
+            used_gpu_memory: e.bytes,
+        }
+    }
+}
+
+impl ProcEntry for NvmlProcessInfo {
+    fn entry(&self) -> Entry {
+        Entry {
+            pid: self.pid,
+            bytes: self.used_gpu_memory,
+            gpu_instance: self.gpu_instance_id,
+            compute_instance: self.compute_instance_id,
+        }
+    }
+    fn from_entry(e: Entry) -> Self {
+        NvmlProcessInfo {
+            pid: e.pid,
+            used_gpu_memory: e.bytes,
+            gpu_instance_id: e.gpu_instance,
+            compute_instance_id: e.compute_instance,
+        }
+    }
+}
+
+/// A real NVML query that fills a caller's array of `E`, with its count in and out.
+pub(crate) type ListFn<E> = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut E) -> NvmlReturn;
+
+/// NVML's whole list for `h` from the real query `f`, growing the buffer while NVML says it is
+/// too small. `Err` is NVML's answer when it has none.
+pub(crate) fn list_all<E: Default + Clone>(
+    h: NvmlDevice,
+    f: ListFn<E>,
+) -> Result<Vec<E>, NvmlReturn> {
+    let mut cap = 64u32;
+    for _ in 0..4 {
+        let mut n = cap;
+        let mut buf = vec![E::default(); cap as usize];
+        // SAFETY: the real query writes at most `n` entries of its own layout `E` into our
+        // buffer of `cap`.
+        let r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
+        if r == NvmlReturn::INSUFFICIENT_SIZE {
+            cap = n.max(cap.saturating_mul(2)).min(1 << 16);
+            continue;
+        }
+        if !r.ok() {
+            return Err(r);
+        }
+        buf.truncate(n.min(cap) as usize);
+        return Ok(buf);
+    }
+    Err(NvmlReturn::INSUFFICIENT_SIZE)
+}
+
+/// The NVML entry of the container's process `p`: by its host pid, or by its own pid while the
+/// host pid is unknown (a driver that reports the container's pids).
+fn nvml_entry_of<'a>(p: &Listed, nvml: &'a [Entry]) -> Option<&'a Entry> {
+    let key = if p.hostpid != 0 { p.hostpid } else { p.pid };
+    nvml.iter().find(|e| e.pid == key)
+}
+
+/// The container's view of one device's list: its processes that NVML lists (and, with
+/// `unlisted`, those that hold memory there although NVML does not list them), under the
+/// container's pids, with the bytes the region counts.
+fn container_view(
+    nvml: &[Entry],
+    ours: impl Iterator<Item = Listed>,
+    unlisted: bool,
+) -> Vec<Entry> {
+    ours.filter_map(|p| {
+        let listed = nvml_entry_of(&p, nvml);
+        if listed.is_none() && !(unlisted && p.bytes > 0) {
+            return None;
+        }
+        Some(Entry {
+            pid: p.pid,
+            bytes: p.bytes,
+            gpu_instance: listed.map_or(NO_INSTANCE, |e| e.gpu_instance),
+            compute_instance: listed.map_or(NO_INSTANCE, |e| e.compute_instance),
+        })
+    })
+    .collect()
+}
+
+/// Copies `view` into the caller's array of `*count` entries as NVML does: the count needed
+/// goes into `*count`, and an array too small (or none) gets `NVML_ERROR_INSUFFICIENT_SIZE`.
+///
+/// # Safety
+/// `count` is valid; `out` is null or has room for `*count` entries.
+unsafe fn answer<E: ProcEntry>(view: &[Entry], count: *mut c_uint, out: *mut E) -> NvmlReturn {
+    // SAFETY: valid per the contract.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = view.len() as c_uint };
+    if view.is_empty() {
+        return NvmlReturn::SUCCESS;
+    }
+    if out.is_null() || room < view.len() {
+        return NvmlReturn::INSUFFICIENT_SIZE;
+    }
+    for (i, e) in view.iter().enumerate() {
+        // SAFETY: `i < view.len() <= room`, the caller's array length.
+        unsafe { out.add(i).write(E::from_entry(*e)) };
+    }
+    NvmlReturn::SUCCESS
+}
+
+/// A process-list hook: the real query `real` for `device`, rewritten to the container's view.
+///
+/// # Safety
+/// The caller's arguments as NVML documents them.
+unsafe fn list_hook<E: ProcEntry>(
+    real: Option<ListFn<E>>,
+    device: NvmlDevice,
+    count: *mut c_uint,
+    out: *mut E,
+    unlisted: bool,
+) -> NvmlReturn {
+    let Some(f) = real else {
+        return NvmlReturn::FUNCTION_NOT_FOUND;
+    };
+    let (Some(a), Some(dev), false) = (active(), nvml::region_of(device), count.is_null()) else {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { f(device, count, out) };
+    };
+    let all = match list_all(device, f) {
+        Ok(all) => all,
+        Err(r) => return r,
+    };
+    let entries: Vec<Entry> = all.iter().map(ProcEntry::entry).collect();
+    let view = container_view(
+        &entries,
+        slots::listed(a.rt.region, &a.rt.platform, dev),
+        unlisted,
+    );
+    // SAFETY: `count` is non-null and, with `out`, the caller's per NVML's contract.
+    unsafe { answer(&view, count, out) }
+}
+
+macro_rules! list_hooks {
+    ($( $name:ident: $entry:ty, unlisted = $unlisted:expr; )*) => {
+        $(
+            /// cbindgen:ignore
+            #[no_mangle]
+            pub unsafe extern "C" fn $name(
+                device: NvmlDevice,
+                count: *mut c_uint,
+                infos: *mut $entry,
+            ) -> NvmlReturn {
+                guard(NvmlReturn::UNKNOWN, || {
+                    // SAFETY: the caller's arguments, passed on.
+                    unsafe { list_hook(real::$name.require(), device, count, infos, $unlisted) }
+                })
+            }
+        )*
+    };
+}
+
+list_hooks! {
+    nvmlDeviceGetComputeRunningProcesses: NvmlProcessInfoV1, unlisted = true;
+    nvmlDeviceGetComputeRunningProcesses_v2: NvmlProcessInfo, unlisted = true;
+    nvmlDeviceGetComputeRunningProcesses_v3: NvmlProcessInfo, unlisted = true;
+    nvmlDeviceGetGraphicsRunningProcesses: NvmlProcessInfoV1, unlisted = false;
+    nvmlDeviceGetGraphicsRunningProcesses_v2: NvmlProcessInfo, unlisted = false;
+    nvmlDeviceGetGraphicsRunningProcesses_v3: NvmlProcessInfo, unlisted = false;
+    nvmlDeviceGetMPSComputeRunningProcesses: NvmlProcessInfoV1, unlisted = false;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2: NvmlProcessInfo, unlisted = false;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3: NvmlProcessInfo, unlisted = false;
+}
+
+/// The container's samples among NVML's, under the container's pids.
+fn container_samples(
+    samples: &[NvmlProcessUtilSample],
+    ours: impl Iterator<Item = Listed>,
+) -> Vec<NvmlProcessUtilSample> {
+    let ours: Vec<Listed> = ours.collect();
+    samples
+        .iter()
+        .filter_map(|s| {
+            let p = ours.iter().find(|p| {
+                let key = if p.hostpid != 0 { p.hostpid } else { p.pid };
+                key == s.pid
+            })?;
+            Some(NvmlProcessUtilSample { pid: p.pid, ..*s })
+        })
+        .collect()
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: NvmlDevice,
+    utilization: *mut NvmlProcessUtilSample,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> NvmlReturn {
+    guard(NvmlReturn::UNKNOWN, || {
+        let Some(f) = real::nvmlDeviceGetProcessUtilization.require() else {
+            return NvmlReturn::FUNCTION_NOT_FOUND;
+        };
+        let (Some(a), Some(dev), false) = (active(), nvml::region_of(device), count.is_null())
+        else {
+            // SAFETY: forwarding the caller's arguments unchanged.
+            return unsafe { f(device, utilization, count, last_seen) };
+        };
+        let samples = match nvml::process_samples(device, f, last_seen) {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let ours = container_samples(&samples, slots::listed(a.rt.region, &a.rt.platform, dev));
+        // SAFETY: `count` is non-null and, with `utilization`, the caller's per NVML's contract.
+        let room = unsafe { *count } as usize;
+        // SAFETY: as above.
+        unsafe { *count = ours.len() as c_uint };
+        if ours.is_empty() {
+            // What NVML answers when no process ran since `last_seen`.
+            return NvmlReturn::NOT_FOUND;
+        }
+        if utilization.is_null() || room < ours.len() {
+            return NvmlReturn::INSUFFICIENT_SIZE;
+        }
+        for (i, s) in ours.iter().enumerate() {
+            // SAFETY: `i < ours.len() <= room`, the caller's array length.
+            unsafe { utilization.add(i).write(*s) };
+        }
+        NvmlReturn::SUCCESS
+    })
+}
+
+/// cbindgen:ignore
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetProcessName(
+    pid: c_uint,
+    name: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    guard(NvmlReturn::UNKNOWN, || {
+        let Some(f) = real::nvmlSystemGetProcessName.require() else {
+            return NvmlReturn::FUNCTION_NOT_FOUND;
+        };
+        // One of the container's processes (a pid from the lists above): its name is in the
+        // container's /proc; NVML would look the pid up among the host's.
+        let ours = active()
+            .is_some_and(|a| slots::listed(a.rt.region, &a.rt.platform, 0).any(|p| p.pid == pid));
+        let own_name = ours.then(|| process_name(pid)).flatten();
+        match own_name {
+            Some(text) if !name.is_null() && length > 0 => {
+                let n = text.len().min(length as usize - 1);
+                // SAFETY: the caller's buffer of `length` bytes; `n + 1 <= length`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(text.as_ptr(), name.cast::<u8>(), n);
+                    *name.add(n) = 0;
+                }
+                NvmlReturn::SUCCESS
+            }
+            // SAFETY: the caller's arguments, passed on.
+            _ => unsafe { f(pid, name, length) },
+        }
+    })
+}
+
+/// A process's name as NVML gives it: the first word of its command line, else its `comm`.
+fn process_name(pid: u32) -> Option<Vec<u8>> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let first = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+    if !first.is_empty() {
+        return Some(first.to_vec());
+    }
+    let comm = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    Some(comm.strip_suffix(b"\n").unwrap_or(&comm).to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nv(pid: u32, mib: u64) -> Entry {
+        Entry {
+            pid,
+            bytes: mib << 20,
+            gpu_instance: NO_INSTANCE,
+            compute_instance: NO_INSTANCE,
+        }
+    }
+
+    fn ours(pid: u32, hostpid: u32, mib: u64) -> Listed {
+        Listed {
+            pid,
+            hostpid,
+            bytes: mib << 20,
+        }
+    }
+
+    /// NVML lists host pids 1007 and 1009 (ours, as 7 and 9) and 5000 (another container's).
+    /// The container sees 7 and 9 with the region's counts, never 5000; a process whose host
+    /// pid is unknown is matched by its own pid (a driver that reports the container's pids);
+    /// a process that holds memory but is not listed appears only where `unlisted` asks.
+    #[test]
+    fn the_container_sees_its_processes_under_its_pids_with_the_regions_counts() {
+        let nvml = [nv(1007, 600), nv(5000, 900), nv(1009, 300), nv(12, 100)];
+        let region = [
+            ours(7, 1007, 582),
+            ours(9, 1009, 282),
+            ours(12, 0, 64),
+            ours(14, 0, 70),
+            ours(15, 0, 0),
+        ];
+        let view = container_view(&nvml, region.iter().copied(), true);
+        assert_eq!(
+            view,
+            [nv(7, 582), nv(9, 282), nv(12, 64), nv(14, 70)],
+            "7, 9 and 12 matched, 14 holds memory unlisted, 15 holds none, 5000 is not ours"
+        );
+        let graphics = container_view(&nvml, region.iter().copied(), false);
+        assert_eq!(graphics, [nv(7, 582), nv(9, 282), nv(12, 64)]);
+        assert!(container_view(&[nv(5000, 900)], region[..2].iter().copied(), false).is_empty());
+    }
+
+    #[test]
+    fn answers_follow_nvmls_size_contract() {
+        let view = [nv(7, 1), nv(9, 2)];
+        let mut count: c_uint = 1;
+        let mut out = [NvmlProcessInfo::default(); 2];
+        // SAFETY: a valid count and an array of 2 (1 announced).
+        let r = unsafe { answer(&view, &mut count, out.as_mut_ptr()) };
+        assert_eq!((r, count), (NvmlReturn::INSUFFICIENT_SIZE, 2));
+        // SAFETY: as above, 2 announced.
+        let r = unsafe { answer(&view, &mut count, out.as_mut_ptr()) };
+        assert_eq!((r, count, out[1].pid), (NvmlReturn::SUCCESS, 2, 9));
+        let mut zero: c_uint = 0;
+        // SAFETY: a null array with a count of 0 asks for the size.
+        let r = unsafe { answer::<NvmlProcessInfo>(&view, &mut zero, std::ptr::null_mut()) };
+        assert_eq!((r, zero), (NvmlReturn::INSUFFICIENT_SIZE, 2));
+        // SAFETY: nothing to write.
+        let r = unsafe { answer::<NvmlProcessInfo>(&[], &mut zero, std::ptr::null_mut()) };
+        assert_eq!((r, zero), (NvmlReturn::SUCCESS, 0));
+    }
+
+    #[test]
+    fn utilisation_samples_are_the_containers_under_its_pids() {
+        let s = |pid, sm| NvmlProcessUtilSample {
+            pid,
+            sm_util: sm,
+            ..NvmlProcessUtilSample::default()
+        };
+        let region = [ours(7, 1007, 1), ours(12, 0, 1)];
+        let got = container_samples(&[s(1007, 40), s(5000, 50), s(12, 5)], region.into_iter());
+        let pids: Vec<(u32, u32)> = got.iter().map(|x| (x.pid, x.sm_util)).collect();
+        assert_eq!(pids, [(7, 40), (12, 5)]);
+    }
+}
