@@ -105,9 +105,18 @@ if command -v python3 >/dev/null; then
     t monitor 90 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m HK_BUILD="$build" \
         HK_TOOL="$(dirname "$vgpu")/shrreg-tool" -- python3 "$here/t_monitor.py"
     t ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- python3 "$here/t_ctypes.py"
+    # shrreg-tool over a region of live processes: --metrics parsed by prometheus_client against
+    # the monitor port's reads; top under a pseudo-terminal (q, Ctrl-C, --iterations, a file cut
+    # under it).
+    t tool-metrics 120 CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CTX_BYTES=64m \
+        HK_TOOL="$(dirname "$vgpu")/shrreg-tool" -- python3 "$here/t_tool_metrics.py"
+    t tool-top 120 CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CTX_BYTES=64m \
+        HK_TOOL="$(dirname "$vgpu")/shrreg-tool" -- python3 "$here/t_tool_top.py"
 else
     rows+=("ctypes           SKIPPED (no python3)")
     rows+=("monitor          SKIPPED (no python3)")
+    rows+=("tool-metrics     SKIPPED (no python3)")
+    rows+=("tool-top         SKIPPED (no python3)")
 fi
 
 echo "=== hook tests over the stand-in driver"

@@ -31,6 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "monitor"))
 import hami_monitor as hm  # noqa: E402
+import hk  # noqa: E402
 from hk import Checks  # noqa: E402
 
 TICK = 0.5
@@ -41,7 +42,6 @@ check, info = checks.check, checks.info
 
 
 BUILD = os.environ.get("HK_BUILD", ".")
-TOOL = os.environ.get("HK_TOOL", "shrreg-tool")
 TMP = tempfile.mkdtemp(prefix="t_monitor.")
 
 
@@ -140,9 +140,8 @@ def uuid_entry(path, dev):
 
 
 def tool(path, action):
-    e = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    r = subprocess.run([TOOL, "--file", path, action], env=e, capture_output=True, text=True)
-    return r.returncode, r.stdout + r.stderr
+    rc, out, err = hk.tool("--file", path, action)
+    return rc, out + err
 
 
 SM25 = {"CUDA_DEVICE_SM_LIMIT": "25"}

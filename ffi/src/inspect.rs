@@ -105,6 +105,8 @@ pub struct Device {
     pub index: usize,
     /// The UUID string (up to the first NUL; bytes that are not UTF-8 become U+FFFD).
     pub uuid: String,
+    /// The same text as stored, for labels that must be HAMi's byte for byte.
+    pub uuid_bytes: Vec<u8>,
     /// Memory limit in bytes; 0 means none.
     pub limit: u64,
     /// SM limit in percent; 0 and 100 mean none.
@@ -133,13 +135,26 @@ pub struct DeviceUsage {
     pub usage: Usage,
     /// False if the seqlock stayed odd or kept moving while they were read.
     pub consistent: bool,
+    /// `device_util[].sm_util`: the process's SM utilisation in percent, from NVML.
+    pub sm_util: u64,
 }
 
 impl DeviceUsage {
     fn is_zero(&self) -> bool {
         let u = &self.usage;
-        u.total == 0 && u.context == 0 && u.module == 0 && u.data == 0
+        u.total == 0 && u.context == 0 && u.module == 0 && u.data == 0 && self.sm_util == 0
     }
+}
+
+/// One device as HAMi's monitor reads it for its container metrics: sums over the slots in
+/// `[0, proc_num)` whose status is not 0, whatever their pid (`Spec.DeviceMemoryTotal` and its
+/// siblings, HAMi 4707fb02 pkg/monitor/nvidia/v1/spec.go).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorView {
+    /// The counters, summed (saturating; garbage counters must not wrap into small numbers).
+    pub usage: Usage,
+    /// `sm_util`, summed.
+    pub sm_util: u64,
 }
 
 /// One slot in `[0, proc_num)`.
@@ -318,6 +333,7 @@ pub fn snapshot<const S: usize, const D: usize>(
         .map(|d| Device {
             index: d,
             uuid: uuid_string(&region.uuids[d].text),
+            uuid_bytes: uuid_bytes(&region.uuids[d].text),
             limit: limits[d],
             sm_limit: region.sm_limit[d].load(Ordering::Relaxed),
             used: admission::device_usage(region, d),
@@ -343,6 +359,7 @@ pub fn snapshot<const S: usize, const D: usize>(
                         device: d,
                         usage,
                         consistent,
+                        sm_util: slot.device_util[d].sm_util.load(Ordering::Relaxed),
                     };
                     (!du.is_zero() || limits[d] != 0).then_some(du)
                 })
@@ -379,6 +396,23 @@ pub fn snapshot<const S: usize, const D: usize>(
         last_kernel_time: region.last_kernel_time.load(Ordering::Relaxed),
         slots,
         ext: None,
+    }
+}
+
+impl Report {
+    /// Device `dev` as HAMi's monitor reads it (see [`MonitorView`]).
+    pub fn monitor_view(&self, dev: usize) -> MonitorView {
+        let mut v = MonitorView::default();
+        let rows = self.slots.iter().filter(|s| s.status != STATUS_EXITED);
+        for du in rows.flat_map(|s| &s.usage).filter(|du| du.device == dev) {
+            let (a, b) = (&mut v.usage, du.usage);
+            a.context = a.context.saturating_add(b.context);
+            a.module = a.module.saturating_add(b.module);
+            a.data = a.data.saturating_add(b.data);
+            a.total = a.total.saturating_add(b.total);
+            v.sm_util = v.sm_util.saturating_add(du.sm_util);
+        }
+        v
     }
 }
 
@@ -1355,6 +1389,7 @@ pub fn render_json(report: &Report, findings: &[Finding]) -> String {
             ou.num("module", du.usage.module);
             ou.num("data", du.usage.data);
             ou.bool("consistent", du.consistent);
+            ou.num("sm_util", du.sm_util);
             ou.end();
         });
         os.end();

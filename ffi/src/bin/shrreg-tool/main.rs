@@ -5,11 +5,16 @@
 //! and never signals pid 0 (which `kill` would take for our own process group, bug B28). See
 //! `--help` for the actions and exit statuses.
 
+mod metrics;
+mod term;
+mod top;
+
 use std::io::Read as _;
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 // hami-shm through vgpu's re-export, never directly: see `vgpu::inspect::shm`.
 use vgpu::config::{self, Config};
@@ -29,6 +34,7 @@ use vgpu::region_file::{self, OpenMode, RegionFile, RegionFileError, Snapshot};
 
 const USAGE: &str = "\
 usage: shrreg-tool [--file PATH] ACTION [--force]
+       shrreg-tool [--file PATH] top [--interval SECS] [--iterations N]
 
 Inspects, checks, repairs and controls the shared region that HAMi-core (libvgpu.so) processes
 use to share a GPU memory limit. The file is mapped read-only except by --reap, --create-new and
@@ -41,6 +47,16 @@ itself as a slot.
 actions (exactly one):
   --print        human table: layout, versions, limits, owner lock, every slot, findings
   --json         the same as one JSON object
+  --metrics      the container's metrics in the Prometheus text format, with the names, help
+                 texts and labels of HAMi's vGPUmonitor (hami_container_*, hami_vgpu_*; label
+                 zone=\"vGPU\"), from the region as it is now. Labels the file cannot give are
+                 empty: namespace and pod always; container unless the file's directory is
+                 named <pod-uid>_<container> as HAMi names it on the node
+  top            (also --top, --watch) a live view, redrawn every --interval seconds (default
+                 1): per device the memory limit and usage, SM limit and utilisation; per
+                 process pid, host pid, status and usage (the region keeps one last-kernel
+                 time, not one per process). q or Ctrl-C quits; --iterations N stops after N
+                 frames. Without a terminal, frames follow each other after a blank line
   --check        validate the file and report stale slots, a dead lock owner, odd seqlocks,
                  usage over the limit and garbage counters; exit status 0 healthy, 1 problems
   --version      library version, region layout version and size, the file's size and version
@@ -77,6 +93,8 @@ const CONFIRM_DELAY_MS: u64 = 200;
 enum Action {
     Print,
     Json,
+    Metrics,
+    Top,
     Check,
     Version,
     Reap,
@@ -91,16 +109,63 @@ struct Args {
     action: Action,
     file: Option<PathBuf>,
     force: bool,
+    /// `top`'s refresh interval.
+    interval: Option<Duration>,
+    /// `top`'s number of frames (unbounded without).
+    iterations: Option<u64>,
+}
+
+/// The value of option `name` (`what` names it in the error): `--name=VALUE` in `arg`, or the
+/// next argument; `None` if `arg` is another argument.
+fn value_of(
+    (name, what): (&str, &str),
+    arg: &str,
+    argv: &mut impl Iterator<Item = String>,
+) -> Option<Result<String, String>> {
+    let v = if arg == name {
+        argv.next()
+    } else {
+        Some(arg.strip_prefix(name)?.strip_prefix('=')?.to_owned())
+    };
+    Some(match v {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(format!("{name} needs {what}")),
+    })
 }
 
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut action = None;
     let mut file = None;
     let mut force = false;
+    let (mut interval, mut iterations) = (None, None);
     while let Some(arg) = argv.next() {
+        if let Some(path) = value_of(("--file", "a path"), &arg, &mut argv) {
+            file = Some(PathBuf::from(path?));
+            continue;
+        }
+        if let Some(v) = value_of(("--interval", "seconds"), &arg, &mut argv) {
+            let secs = v?
+                .parse::<f64>()
+                .ok()
+                .filter(|s| (0.05..=3600.0).contains(s))
+                .ok_or("--interval needs seconds between 0.05 and 3600")?;
+            interval = Some(Duration::from_secs_f64(secs));
+            continue;
+        }
+        if let Some(v) = value_of(("--iterations", "a number"), &arg, &mut argv) {
+            let n = v?
+                .parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or("--iterations needs a whole number above 0")?;
+            iterations = Some(n);
+            continue;
+        }
         let a = match arg.as_str() {
             "--print" => Action::Print,
             "--json" => Action::Json,
+            "--metrics" => Action::Metrics,
+            "top" | "--top" | "--watch" => Action::Top,
             "--check" => Action::Check,
             "--version" => Action::Version,
             "--reap" => Action::Reap,
@@ -112,24 +177,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
                 force = true;
                 continue;
             }
-            "--file" => {
-                let path = argv.next().ok_or("--file needs a path")?;
-                if path.is_empty() {
-                    return Err("--file needs a non-empty path".into());
-                }
-                file = Some(PathBuf::from(path));
-                continue;
-            }
-            other => {
-                if let Some(path) = other.strip_prefix("--file=") {
-                    if path.is_empty() {
-                        return Err("--file needs a non-empty path".into());
-                    }
-                    file = Some(PathBuf::from(path));
-                    continue;
-                }
-                return Err(format!("unknown argument {other:?}"));
-            }
+            other => return Err(format!("unknown argument {other:?}")),
         };
         if action.is_some_and(|prev| prev != a) {
             return Err(format!("{arg}: give exactly one action"));
@@ -140,10 +188,15 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     if force && action != Action::CreateNew {
         return Err("--force only applies to --create-new".into());
     }
+    if (interval.is_some() || iterations.is_some()) && action != Action::Top {
+        return Err("--interval and --iterations only apply to top".into());
+    }
     Ok(Args {
         action,
         file,
         force,
+        interval,
+        iterations,
     })
 }
 
@@ -171,6 +224,8 @@ fn main() -> ExitCode {
     let path = args.file.clone().unwrap_or_else(default_path);
     let result = match args.action {
         Action::Print | Action::Json | Action::Check => inspect_cmd(&path, args.action),
+        Action::Metrics => metrics_cmd(&path),
+        Action::Top => top_cmd(&path, args.interval, args.iterations),
         Action::Version => Ok(version_cmd(&path)),
         Action::Reap => reap_cmd(&path),
         Action::Suspend => signal_cmd(&path, libc::SIGUSR2, "SIGUSR2"),
@@ -244,29 +299,71 @@ fn open_error(e: RegionFileError, mode: OpenMode) -> Fail {
     Fail(e.to_string())
 }
 
-/// Takes a report of the region, confirming transient findings on a second snapshot. `take`
-/// copies the region each time (a private copy: nothing the file's owners do can fault it).
-fn report_of(
-    take: impl Fn() -> Result<(Snapshot, FileInfo), Fail>,
-) -> Result<(Report, Vec<Finding>), Fail> {
+/// A report of the region at `path` as it is now, taken from a private copy (nothing the
+/// file's owners do, truncating it included, can fault the tool).
+fn report_now(path: &Path) -> Result<Report, Fail> {
+    let (copy, info) = copy_of(path)?;
     let platform = LinuxPlatform::private();
     let live = |id: ProcId| platform.liveness(id);
-    let report = |copy: &Snapshot, info| {
-        let mut r = inspect::snapshot(copy.region(), info, &live, tool_pid());
-        r.ext = copy.ext().map(inspect::ext_snapshot);
-        r
-    };
-    let (region, info) = take()?;
-    let first = report(&region, info);
+    let mut r = inspect::snapshot(copy.region(), info, &live, tool_pid());
+    r.ext = copy.ext().map(inspect::ext_snapshot);
+    Ok(r)
+}
+
+/// Takes a report of the region, confirming transient findings on a second snapshot.
+fn report_of(path: &Path) -> Result<(Report, Vec<Finding>), Fail> {
+    let first = report_now(path)?;
     let found = inspect::findings(&first);
     if !found.iter().any(Finding::transient) {
         return Ok((first, found));
     }
-    std::thread::sleep(std::time::Duration::from_millis(CONFIRM_DELAY_MS));
-    let (region, info) = take()?;
-    let second = report(&region, info);
+    std::thread::sleep(Duration::from_millis(CONFIRM_DELAY_MS));
+    let second = report_now(path)?;
     let again = inspect::findings(&second);
     Ok((second, inspect::confirm(&found, again)))
+}
+
+/// Now, in epoch seconds (0 on a clock before 1970).
+fn epoch_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn metrics_cmd(path: &Path) -> Result<u8, Fail> {
+    let report = report_now(path)?;
+    print!(
+        "{}",
+        metrics::render(&report, &metrics::container_of(path), epoch_now())
+    );
+    Ok(EXIT_OK)
+}
+
+/// `top`: frames until `q`, a signal or `iterations`. A file that cannot be read (removed,
+/// truncated, being rewritten) gives a frame that says so, and the next frame tries again; only
+/// a file unreadable at the start is an error.
+fn top_cmd(path: &Path, interval: Option<Duration>, iterations: Option<u64>) -> Result<u8, Fail> {
+    let interval = interval.unwrap_or(Duration::from_secs(1));
+    let mut reading = Ok(report_now(path)?);
+    let shown = path.display().to_string();
+    let mut session = term::Session::start();
+    for n in 1.. {
+        let frame = top::frame(
+            &shown,
+            reading.as_ref().map_err(|Fail(why)| why.as_str()),
+            epoch_now(),
+            interval.as_secs_f64(),
+            session.height(),
+        );
+        if session.show(&frame).is_err()
+            || iterations.is_some_and(|max| n >= max)
+            || session.wait(interval) == term::Wake::Quit
+        {
+            break;
+        }
+        reading = report_now(path);
+    }
+    Ok(EXIT_OK)
 }
 
 /// A private copy of the region file at `path` (see `region_file::snapshot`), or of the zeroed
@@ -292,7 +389,7 @@ fn copy_of(path: &Path) -> Result<(Snapshot, FileInfo), Fail> {
 
 fn inspect_cmd(path: &Path, action: Action) -> Result<u8, Fail> {
     let shown = path.display().to_string();
-    let (report, findings) = report_of(|| copy_of(path))?;
+    let (report, findings) = report_of(path)?;
     let problems = inspect::has_problems(&findings);
     match action {
         Action::Print => print!("{}", inspect::render_text(&report, &findings)),
