@@ -102,7 +102,9 @@ const BUSY: u8 = 1;
 const DONE: u8 = 2;
 
 /// Takes a lock that is one flag (so a forked child can clear it): spins briefly, then yields.
-pub(crate) fn spin_lock(flag: &AtomicBool) {
+/// The lock is held until the guard drops, also when a panic unwinds through its holder (a hook
+/// catches it and the process goes on; the flag must not stay set).
+pub(crate) fn spin_lock(flag: &AtomicBool) -> FlagGuard<'_> {
     let mut spins = 0u32;
     while flag
         .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -114,6 +116,16 @@ pub(crate) fn spin_lock(flag: &AtomicBool) {
         } else {
             std::thread::yield_now();
         }
+    }
+    FlagGuard(flag)
+}
+
+/// A held [`spin_lock`]; dropping it releases the flag.
+pub(crate) struct FlagGuard<'a>(&'a AtomicBool);
+
+impl Drop for FlagGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -483,14 +495,7 @@ impl Runtime {
     /// Runs `f`, which writes slot counters, as this process's one slot writer. Waiters spin
     /// briefly (writes take nanoseconds), then yield the CPU.
     pub fn as_slot_writer<R>(&self, f: impl FnOnce() -> R) -> R {
-        spin_lock(&self.slot_writer_busy);
-        struct Done<'a>(&'a AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _done = Done(&self.slot_writer_busy);
+        let _writer = spin_lock(&self.slot_writer_busy);
         f()
     }
 

@@ -129,21 +129,11 @@ impl Shard {
         }
     }
 
-    fn lock(&self) {
-        crate::runtime::spin_lock(&self.locked);
-    }
-
-    fn unlock(&self) {
-        self.locked.store(false, Ordering::Release);
-    }
-
     fn with<R>(&self, f: impl FnOnce(&mut Map) -> R) -> R {
         install_fork_handlers();
-        self.lock();
+        let _held = crate::runtime::spin_lock(&self.locked);
         // SAFETY: we hold the shard's lock, so no other reference to the map exists.
-        let r = f(unsafe { &mut *self.map.get() });
-        self.unlock();
-        r
+        f(unsafe { &mut *self.map.get() })
     }
 }
 
@@ -170,11 +160,9 @@ static POOLS: PoolShard = PoolShard {
 /// accounting change together).
 pub fn with_pools<R>(f: impl FnOnce(&mut PoolMap) -> R) -> R {
     install_fork_handlers();
-    crate::runtime::spin_lock(&POOLS.locked);
+    let _held = crate::runtime::spin_lock(&POOLS.locked);
     // SAFETY: we hold the pools' lock, so no other reference to the map exists.
-    let r = f(unsafe { &mut *POOLS.map.get() });
-    POOLS.locked.store(false, Ordering::Release);
-    r
+    f(unsafe { &mut *POOLS.map.get() })
 }
 
 fn shard(key: &Key) -> &'static Shard {
@@ -242,16 +230,18 @@ pub fn len() -> usize {
     TABLE.iter().map(|s| s.with(|m| m.len())).sum()
 }
 
+/// Takes every lock of the tables across `fork` (released by the after-fork handlers, so the
+/// guards are forgotten here).
 extern "C" fn before_fork() {
-    crate::runtime::spin_lock(&POOLS.locked);
+    std::mem::forget(crate::runtime::spin_lock(&POOLS.locked));
     for s in &TABLE {
-        s.lock();
+        std::mem::forget(crate::runtime::spin_lock(&s.locked));
     }
 }
 
 extern "C" fn after_fork_parent() {
     for s in TABLE.iter().rev() {
-        s.unlock();
+        s.locked.store(false, Ordering::Release);
     }
     POOLS.locked.store(false, Ordering::Release);
 }
@@ -267,7 +257,7 @@ extern "C" fn after_fork_child() {
         // SAFETY: the child has one thread and `before_fork` took every shard's lock, so nothing
         // else can reference the map. `clear` keeps the capacity and does not allocate.
         unsafe { (*s.map.get()).clear() };
-        s.unlock();
+        s.locked.store(false, Ordering::Release);
     }
 }
 
