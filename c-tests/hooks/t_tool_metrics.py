@@ -139,6 +139,22 @@ check(not mismatches(fams3, expected(other, now3), "other"), "and passes against
 check(fams3["hami_container_device_memory_bytes"][2][0][0]["container"] == "other",
       "the container label follows the directory")
 
+# SM utilisation: the stand-in's processes publish 0 here (no SM limit), so a copy carries 37 in
+# the live slot and 5 in the slot the exited process left: the metric is 37, what the monitor
+# reads (it sums the slots whose status is not 0).
+busy = region_in(tmp, "5e5e-uid_busy")
+shutil.copyfile(region, busy)
+with open(busy, "r+b") as f:
+    for slot, util in ((0, 37), (1, 5)):
+        f.seek(hm.OFF_PROCS + slot * hm.SLOT_SIZE + hm.SLOT_DEVICE_UTIL + 16)
+        f.write(struct.pack("<Q", util))
+fams5, now5 = scrape(busy)
+want5 = expected(busy, now5)
+check(want5.get("sm_util") == 37 and not mismatches(fams5, want5, "busy")
+      and fams5["hami_container_device_utilization_ratio"][2][0][1] == 37,
+      "sm_util 37 in the live slot, 5 in an exited one: the metric is 37, as the monitor reads it "
+      "(%r)" % want5.get("sm_util"))
+
 # A directory not named <pod-uid>_<container>: the container label is empty.
 plain = region_in(tmp, "vgpu")
 shutil.copyfile(region, plain)
