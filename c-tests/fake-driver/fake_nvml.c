@@ -428,42 +428,18 @@ static nvmlReturn_t no_procs(nvmlDevice_t d, unsigned int *count)
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
-                                                   nvmlProcessInfo_v1_t *infos)
-{
-    (void)infos;
-    NV_LOCKED(no_procs(device, infoCount));
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
-                                                      nvmlProcessInfo_v2_t *infos)
-{
-    (void)infos;
-    NV_LOCKED(no_procs(device, infoCount));
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                      nvmlProcessInfo_t *infos)
-{
-    (void)infos;
-    NV_LOCKED(no_procs(device, infoCount));
-}
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_v1_t *infos)
-{
-    (void)infos;
-    NV_LOCKED(no_procs(device, infoCount));
-}
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
-                                                        nvmlProcessInfo_v2_t *infos)
-{
-    (void)infos;
-    NV_LOCKED(no_procs(device, infoCount));
-}
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                        nvmlProcessInfo_t *infos)
-{
-    (void)infos;
-    NV_LOCKED(no_procs(device, infoCount));
-}
+#define NO_PROCS(name, info_t)                                                           \
+    nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, info_t *infos)          \
+    {                                                                                        \
+        (void)infos;                                                                         \
+        NV_LOCKED(no_procs(device, infoCount));                                              \
+    }
+NO_PROCS(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
+NO_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t)
+NO_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+NO_PROCS(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
+NO_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+NO_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
 
 /* The name of the process NVML calls `pid` (a host pid: our pid + FAKE_NVML_PID_OFFSET): the
  * first word of its command line, as the real one gives it. */

@@ -125,36 +125,31 @@ if [ -x "$bin/t_limit" ]; then
         rows+=("$(printf '%-22s %-5s %s' c-visible-devices SKIP "needs 2 GPUs ($ngpu here)")")
     fi
 fi
-if wanted hostpid-ns && { [ -x "$bin/demo" ] || timeout 60 make -s -C "$root/c-tests/hooks" demo BUILD="$bin" \
-    CUDA_LIBS="-L$work/lib -Wl,--no-as-needed -l:libcuda.so.1 -l:libnvidia-ml.so.1" >>"$work/build.log" 2>&1; }; then
-    # Not under step(): nvidia-smi must see the real process list, outside our hooks.
-    log=$work/hostpid.log
-    echo "=== hostpid-ns"
-    timeout -k 5 150 bash "$here/hostpid.sh" "$bin" "$vgpu" >"$log" 2>&1
+# ns_script STEP ROW TAG SCRIPT: runs c-tests/gpu/SCRIPT (pid namespaces, nvidia-smi; not under
+# step(): nvidia-smi outside must see the real process list) and makes its row from the PASS /
+# FAIL / SKIP lines tagged [TAG]. Builds the hook tests' demo program it needs.
+ns_script() {
+    local name=$1 rowname=$2 tag=$3 script=$4
+    wanted "$name" || return 0
+    [ -x "$bin/demo" ] || timeout 60 make -s -C "$root/c-tests/hooks" demo BUILD="$bin" \
+        CUDA_LIBS="-L$work/lib -Wl,--no-as-needed -l:libcuda.so.1 -l:libnvidia-ml.so.1" >>"$work/build.log" 2>&1 ||
+        { row "$rowname" FAIL "could not build demo"; return 0; }
+    log=$work/$name.log
+    echo "=== $name"
+    timeout -k 5 150 bash "$here/$script" "$bin" "$vgpu" >"$log" 2>&1
     cat "$log"
     if grep -q '^SKIP' "$log"; then
-        rows+=("$(printf '%-22s %-5s %s' hostpid-16-in-pidns SKIP "$(sed -n 's/^SKIP \[hostpid\] //p' "$log")")")
-    elif grep -q '^PASS' "$log"; then
-        row hostpid-16-in-pidns PASS "$(sed -n 's/^PASS \[hostpid\] //p' "$log" | head -1); $(grep -o '[0-9]* of [0-9]* ready in [0-9]* ms' "$log" | head -1)"
-    else
-        row hostpid-16-in-pidns FAIL "$(grep '^FAIL' "$log" | head -1)"
-    fi
-fi
-if wanted procs-ns && { [ -x "$bin/demo" ] || timeout 60 make -s -C "$root/c-tests/hooks" demo BUILD="$bin" \
-    CUDA_LIBS="-L$work/lib -Wl,--no-as-needed -l:libcuda.so.1 -l:libnvidia-ml.so.1" >>"$work/build.log" 2>&1; }; then
-    # nvidia-smi inside a pid namespace lists the container's processes (issue: the container view).
-    log=$work/procs.log
-    echo "=== procs-ns"
-    timeout -k 5 150 bash "$here/procs.sh" "$bin" "$vgpu" >"$log" 2>&1
-    cat "$log"
-    if grep -q '^SKIP' "$log"; then
-        rows+=("$(printf '%-22s %-5s %s' nvidia-smi-procs SKIP "$(sed -n 's/^SKIP \[procs\] //p' "$log")")")
+        rows+=("$(printf '%-22s %-5s %s' "$rowname" SKIP "$(sed -n "s/^SKIP \[$tag\] //p" "$log")")")
     elif grep -q '^FAIL' "$log" || ! grep -q '^PASS' "$log"; then
-        row nvidia-smi-procs FAIL "$(grep '^FAIL' "$log" | head -1)"
+        row "$rowname" FAIL "$(grep '^FAIL' "$log" | head -1)"
     else
-        row nvidia-smi-procs PASS "$(sed -n 's/^PASS \[procs\] //p' "$log" | tr '\n' ';')"
+        row "$rowname" PASS "$(sed -n "s/^PASS \[$tag\] //p" "$log" | tr '\n' ';')$(grep -o '[0-9]* of [0-9]* ready in [0-9]* ms' "$log" | head -1)"
     fi
-fi
+}
+# Host pids found by 16 processes in one pid namespace.
+ns_script hostpid-ns hostpid-16-in-pidns hostpid hostpid.sh
+# nvidia-smi inside a pid namespace lists the container's processes, nothing of another's.
+ns_script procs-ns nvidia-smi-procs procs procs.sh
 if command -v python3 >/dev/null; then
     step ctypes 60 CUDA_DEVICE_MEMORY_LIMIT=4g HK_LIMIT=4g -- python3 "$root/c-tests/hooks/t_ctypes.py"
     row python-ctypes "$verdict" "$detail"

@@ -202,30 +202,16 @@ fn publish_sm_util(rt: &Runtime, dev: usize, per_pid: &HashMap<u32, f64>) {
     }
 }
 
-/// NVML's process samples for `h` newer than `since` (microseconds) from the real query `f`,
-/// growing the buffer while NVML says it is too small. `Err` is NVML's answer when it has none.
+/// NVML's process samples for `h` newer than `since` (microseconds) from the real query `f`.
+/// `Err` is NVML's answer when it has none.
 pub(super) fn process_samples(
     h: NvmlDevice,
     f: ProcUtilFn,
     since: u64,
 ) -> Result<Vec<NvmlProcessUtilSample>, NvmlReturn> {
-    let mut cap: c_uint = 64;
-    for _ in 0..4 {
-        let mut buf = vec![NvmlProcessUtilSample::default(); cap as usize];
-        let mut n = cap;
-        // SAFETY: the real query writes at most `n` samples into our buffer of `cap`.
-        let r = unsafe { f(h, buf.as_mut_ptr(), &mut n, since) };
-        if r == NvmlReturn::INSUFFICIENT_SIZE {
-            cap = n.max(cap.saturating_mul(2)).min(4096);
-            continue;
-        }
-        if !r.ok() {
-            return Err(r);
-        }
-        buf.truncate(n.min(cap) as usize);
-        return Ok(buf);
-    }
-    Err(NvmlReturn::INSUFFICIENT_SIZE)
+    // SAFETY: the real query writes at most `*n` samples into `buf`, which `growing` sizes to
+    // `*n`.
+    super::nvml_procs::growing(4096, |buf, n| unsafe { f(h, buf, n, since) })
 }
 
 /// SM utilisation (percent) of region device `dev` by this container's processes since the last

@@ -76,21 +76,29 @@ impl ProcEntry for NvmlProcessInfo {
 /// A real NVML query that fills a caller's array of `E`, with its count in and out.
 pub(crate) type ListFn<E> = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut E) -> NvmlReturn;
 
-/// NVML's whole list for `h` from the real query `f`, growing the buffer while NVML says it is
-/// too small. `Err` is NVML's answer when it has none.
+/// NVML's whole list for `h` from the real query `f`. `Err` is NVML's answer when it has none.
 pub(crate) fn list_all<E: Default + Clone>(
     h: NvmlDevice,
     f: ListFn<E>,
 ) -> Result<Vec<E>, NvmlReturn> {
-    let mut cap = 64u32;
+    // SAFETY: the real query writes at most `*n` entries of its own layout `E` into `buf`, which
+    // `growing` sizes to `*n`.
+    growing(1 << 16, |buf: *mut E, n| unsafe { f(h, n, buf) })
+}
+
+/// Runs an NVML query that fills an array of up to `*n` entries (with `*n` in and out), growing
+/// the array while NVML says it is too small (up to `max` entries, four tries).
+pub(crate) fn growing<E: Default + Clone>(
+    max: u32,
+    mut query: impl FnMut(*mut E, &mut c_uint) -> NvmlReturn,
+) -> Result<Vec<E>, NvmlReturn> {
+    let mut cap: c_uint = 64;
     for _ in 0..4 {
         let mut n = cap;
         let mut buf = vec![E::default(); cap as usize];
-        // SAFETY: the real query writes at most `n` entries of its own layout `E` into our
-        // buffer of `cap`.
-        let r = unsafe { f(h, &mut n, buf.as_mut_ptr()) };
+        let r = query(buf.as_mut_ptr(), &mut n);
         if r == NvmlReturn::INSUFFICIENT_SIZE {
-            cap = n.max(cap.saturating_mul(2)).min(1 << 16);
+            cap = n.max(cap.saturating_mul(2)).min(max);
             continue;
         }
         if !r.ok() {
