@@ -276,13 +276,11 @@ fn pipe() -> (File, File) {
     // SAFETY: `fds` is a valid array of two ints for pipe to fill.
     let rc = unsafe { libc::pipe(fds.as_mut_ptr()) };
     assert_eq!(rc, 0, "pipe: {}", std::io::Error::last_os_error());
-    // SAFETY: both descriptors were just created by pipe and are owned by nothing else.
-    unsafe {
-        (
-            File::from(OwnedFd::from_raw_fd(fds[0])),
-            File::from(OwnedFd::from_raw_fd(fds[1])),
-        )
-    }
+    // SAFETY: the read end was just created by pipe and is owned by nothing else.
+    let r = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    // SAFETY: likewise the write end.
+    let w = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+    (File::from(r), File::from(w))
 }
 
 /// Forks `n` processes (the caller must be single-threaded). Each runs `child(barrier)`: its

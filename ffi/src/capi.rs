@@ -302,11 +302,11 @@ fn lock_region(timeout_ns: u64) -> i32 {
         let Some(slot) = held() else {
             return HAMI_ERROR;
         };
-        // SAFETY: pthread_equal compares two thread handles.
-        if slot
-            .as_ref()
-            .is_some_and(|h| unsafe { libc::pthread_equal(h.thread, thread) } != 0)
-        {
+        if slot.as_ref().is_some_and(|h| {
+            // SAFETY: pthread_equal compares two thread handles.
+            let same = unsafe { libc::pthread_equal(h.thread, thread) };
+            same != 0
+        }) {
             return HAMI_ALREADY_HELD;
         }
     }
@@ -1177,8 +1177,10 @@ pub unsafe extern "C" fn comparelwr(s1: *const c_char, s2: *mut c_char) -> c_int
     if s1.is_null() || s2.is_null() {
         return 1;
     }
-    // SAFETY: both are NUL-terminated strings (see # Safety).
-    let (a, b) = unsafe { (CStr::from_ptr(s1), CStr::from_ptr(s2)) };
+    // SAFETY: `s1` is non-null, so a NUL-terminated string (see # Safety).
+    let a = unsafe { CStr::from_ptr(s1) };
+    // SAFETY: `s2` is non-null, so a NUL-terminated string (see # Safety).
+    let b = unsafe { CStr::from_ptr(s2) };
     c_int::from(!a.to_bytes().eq_ignore_ascii_case(b.to_bytes()))
 }
 
@@ -1271,13 +1273,18 @@ mod tests {
         let a = c"Force";
         let mut b = *b"FORCE\0";
         let mut c = *b"forced\0";
-        // SAFETY: NUL-terminated literals and buffers.
-        unsafe {
-            assert_eq!(comparelwr(a.as_ptr(), b.as_mut_ptr().cast()), 0);
-            assert_eq!(comparelwr(a.as_ptr(), c.as_mut_ptr().cast()), 1);
-            assert_eq!(comparelwr(std::ptr::null(), b.as_mut_ptr().cast()), 1);
-            assert_eq!(comparelwr(a.as_ptr(), std::ptr::null_mut()), 1);
-        }
+        // SAFETY: a NUL-terminated literal and a NUL-terminated buffer.
+        let same = unsafe { comparelwr(a.as_ptr(), b.as_mut_ptr().cast()) };
+        assert_eq!(same, 0);
+        // SAFETY: as above, with another NUL-terminated buffer.
+        let longer = unsafe { comparelwr(a.as_ptr(), c.as_mut_ptr().cast()) };
+        assert_eq!(longer, 1);
+        // SAFETY: NULL and a NUL-terminated buffer; NULL is allowed.
+        let null_first = unsafe { comparelwr(std::ptr::null(), b.as_mut_ptr().cast()) };
+        assert_eq!(null_first, 1);
+        // SAFETY: a NUL-terminated literal and NULL, which is allowed.
+        let null_second = unsafe { comparelwr(a.as_ptr(), std::ptr::null_mut()) };
+        assert_eq!(null_second, 1);
     }
 
     #[test]

@@ -151,16 +151,15 @@ pub fn once(kind_bit: u32) -> bool {
 /// that is not UTF-8 counts as unset. The borrow ends with `f`, before anyone could `setenv`
 /// through us.
 fn with_getenv<R>(name: &CStr, f: impl FnOnce(Option<&str>) -> R) -> R {
-    // SAFETY: `name` is NUL-terminated. `getenv` returns NULL or a NUL-terminated string owned by
-    // the environment; it stays valid until the environment is modified, and the borrow handed
-    // to `f` ends when `f` returns (the same exposure any C caller of getenv has).
-    let value = unsafe {
-        let p = libc::getenv(name.as_ptr());
-        if p.is_null() {
-            None
-        } else {
-            CStr::from_ptr(p).to_str().ok()
-        }
+    // SAFETY: `name` is NUL-terminated; `getenv` only reads it.
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    let value = if p.is_null() {
+        None
+    } else {
+        // SAFETY: `getenv` returned a non-null, NUL-terminated string owned by the environment;
+        // it stays valid until the environment is modified, and the borrow handed to `f` ends
+        // when `f` returns (the same exposure any C caller of getenv has).
+        unsafe { CStr::from_ptr(p) }.to_str().ok()
     };
     f(value)
 }
@@ -258,8 +257,10 @@ pub fn emit(kind: Level, file: &str, line: u32, args: fmt::Arguments<'_>) {
     if !enabled(kind) {
         return;
     }
-    // SAFETY: getpid and pthread_self have no preconditions and cannot fail.
-    let (pid, thread) = unsafe { (libc::getpid(), libc::pthread_self()) };
+    // SAFETY: getpid has no preconditions and cannot fail.
+    let pid = unsafe { libc::getpid() };
+    // SAFETY: pthread_self has no preconditions and cannot fail.
+    let thread = unsafe { libc::pthread_self() };
     let mut rec = RecordBuf::new();
     // HAMi-core prints pthread_self() as %ld; printed unsigned, real thread handles (user-space
     // addresses) show the same digits.

@@ -54,12 +54,12 @@ extern "C" fn at_exit() {
 
 extern "C" fn on_terminating_signal(sig: libc::c_int) {
     release_slot();
-    // SAFETY: signal() and raise() are async-signal-safe; restoring SIG_DFL and re-raising makes
-    // the process end exactly as it would have without our handler.
-    unsafe {
-        libc::signal(sig, libc::SIG_DFL);
-        libc::raise(sig);
-    }
+    // Restoring SIG_DFL and re-raising makes the process end exactly as it would have without
+    // our handler.
+    // SAFETY: signal() is async-signal-safe and takes no pointers; SIG_DFL is a valid disposition.
+    unsafe { libc::signal(sig, libc::SIG_DFL) };
+    // SAFETY: raise() is async-signal-safe and takes no pointers.
+    unsafe { libc::raise(sig) };
 }
 
 extern "C" fn in_forked_child() {
@@ -73,12 +73,12 @@ extern "C" fn in_forked_child() {
 pub(crate) fn install(_rt: &'static Runtime) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registering plain `extern "C"` functions that never unwind; pthread_atfork and
-        // atexit have no other preconditions.
-        unsafe {
-            libc::atexit(at_exit);
-            libc::pthread_atfork(None, None, Some(in_forked_child));
-        }
+        // SAFETY: registers a plain `extern "C"` function that never unwinds; atexit has no
+        // other preconditions.
+        unsafe { libc::atexit(at_exit) };
+        // SAFETY: as for atexit: a plain `extern "C"` child handler that never unwinds, no
+        // prepare or parent handler; pthread_atfork has no other preconditions.
+        unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
         for sig in TERMINATING {
             install_if_default(sig);
         }
@@ -87,19 +87,21 @@ pub(crate) fn install(_rt: &'static Runtime) {
 
 /// Installs our handler for `sig` only if the disposition is SIG_DFL.
 fn install_if_default(sig: libc::c_int) {
-    // SAFETY: sigaction with a zeroed, then filled struct; querying first (act = null) changes
-    // nothing, and we only install over SIG_DFL.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
-            || old.sa_sigaction != libc::SIG_DFL
-        {
-            return;
-        }
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = on_terminating_signal as extern "C" fn(libc::c_int) as usize;
-        act.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(sig, &act, std::ptr::null_mut());
+    // SAFETY: all-zero bytes are a valid `sigaction` (integers, a handler address, a mask).
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query (act = null) changes nothing; it only fills `old`, ours and writable.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0
+        || old.sa_sigaction != libc::SIG_DFL
+    {
+        return;
     }
+    // SAFETY: as for `old`, all-zero bytes are a valid `sigaction`.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = on_terminating_signal as extern "C" fn(libc::c_int) as usize;
+    act.sa_flags = libc::SA_RESTART;
+    // SAFETY: `act.sa_mask` is a valid, writable `sigset_t` of ours.
+    unsafe { libc::sigemptyset(&mut act.sa_mask) };
+    // SAFETY: `act` is filled in with a one-argument handler (no SA_SIGINFO), and we install
+    // it only over SIG_DFL, so no handler of the application's is replaced.
+    unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) };
 }

@@ -367,10 +367,14 @@ impl RegionFile {
     /// Our extension tail, `None` only for a file opened read-only that no process of ours has
     /// extended (a C peer's).
     pub fn ext(&self) -> Option<&Ext> {
-        // SAFETY: as in `region`; the mapping is `len` bytes long, and `EXT_OFFSET` (a multiple
-        // of 4096) + `size_of::<Ext>()` = `EXT_END` <= `len`, so the tail lies inside it, aligned.
-        (self.len >= EXT_END)
-            .then(|| unsafe { &*self.map.as_ptr().cast::<u8>().add(EXT_OFFSET).cast::<Ext>() })
+        (self.len >= EXT_END).then(|| {
+            // SAFETY: `EXT_OFFSET` < `EXT_END` <= `len`: the offset stays inside the mapping.
+            let tail = unsafe { self.map.as_ptr().cast::<u8>().add(EXT_OFFSET) };
+            // SAFETY: as in `region`; the mapping is `len` bytes long, and `EXT_OFFSET` (a
+            // multiple of 4096) + `size_of::<Ext>()` = `EXT_END` <= `len`, so the tail lies
+            // inside it, aligned.
+            unsafe { &*tail.cast::<Ext>() }
+        })
     }
 
     /// The file's descriptor, for [`crate::platform::LinuxPlatform::new`] (borrowed: it stays
@@ -661,12 +665,11 @@ fn open_checked(path: &Path, mode: OpenMode) -> Result<Checked, RegionFileError>
         });
     }
     // O_NONBLOCK only guarded the open against FIFOs; a regular file does not need it.
-    // SAFETY: F_GETFL/F_SETFL on an open descriptor take and return plain flags.
-    unsafe {
-        let flags = libc::fcntl(raw, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(raw, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
+    // SAFETY: F_GETFL on an open descriptor takes no argument and returns plain flags.
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags >= 0 {
+        // SAFETY: F_SETFL on an open descriptor takes plain flags (an int), no pointer.
+        unsafe { libc::fcntl(raw, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
     }
 
     let mut len = st.st_size.max(0) as u64;
@@ -945,14 +948,14 @@ pub fn anonymous() -> (&'static SharedRegion, &'static Ext) {
     if p != libc::MAP_FAILED {
         if let Some(map) = NonNull::new(p.cast::<u8>()) {
             // SAFETY: page-aligned, EXT_END zero bytes (all-zero is a valid value of every field:
-            // atomics and sem_t storage), never unmapped, so 'static shared references are sound;
-            // the tail starts at EXT_OFFSET (page-aligned) and ends at EXT_END, inside the mapping.
-            return unsafe {
-                (
-                    &*map.as_ptr().cast::<SharedRegion>(),
-                    &*map.as_ptr().add(EXT_OFFSET).cast::<Ext>(),
-                )
-            };
+            // atomics and sem_t storage), never unmapped, so a 'static shared reference is sound.
+            let region = unsafe { &*map.as_ptr().cast::<SharedRegion>() };
+            // SAFETY: EXT_OFFSET < EXT_END: the offset stays inside the mapping.
+            let tail = unsafe { map.as_ptr().add(EXT_OFFSET) };
+            // SAFETY: as for `region`; the tail starts at EXT_OFFSET (page-aligned) and ends at
+            // EXT_END, inside the mapping.
+            let ext = unsafe { &*tail.cast::<Ext>() };
+            return (region, ext);
         }
     }
     // Out of address space for 2 MB: fall back to the heap (private to this process).

@@ -156,35 +156,40 @@ pub fn take_truncation_event() -> bool {
 fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: sigaction with zeroed, then filled structs; the query (act = null) changes
-        // nothing, and `PREVIOUS` is set before our handler can run, so it can chain.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
-                return;
-            }
-            let _ = PREVIOUS.set(old);
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_sigbus
-                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                as usize;
-            act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
-            libc::sigemptyset(&mut act.sa_mask);
-            libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut());
+        // SAFETY: all-zero bytes are a valid `sigaction` (integers, a handler address, a mask).
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a query (act = null) changes nothing; it only fills `old`, ours and writable.
+        if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) } != 0 {
+            return;
         }
+        let _ = PREVIOUS.set(old);
+        // SAFETY: as for `old`, all-zero bytes are a valid `sigaction`.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = on_sigbus
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+        // SAFETY: `act.sa_mask` is a valid, writable `sigset_t` of ours.
+        unsafe { libc::sigemptyset(&mut act.sa_mask) };
+        // SAFETY: `act` is filled in, its handler has the SA_SIGINFO signature, and `PREVIOUS`
+        // is set before our handler can run, so it can chain.
+        unsafe { libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) };
     });
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: errno is thread-local; we restore what the interrupted code had.
-    let errno = unsafe { *libc::__errno_location() };
+    // SAFETY: `__errno_location` has no preconditions; it returns this thread's `errno`.
+    let errno_p = unsafe { libc::__errno_location() };
+    // SAFETY: `errno_p` points at this thread's `errno`, valid for the thread's life; we restore
+    // what the interrupted code had.
+    let errno = unsafe { *errno_p };
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; a null one (a caller
     // that invoked us directly) is treated as a signal not about our mappings.
-    let (code, addr) = unsafe {
-        match info.as_ref() {
-            Some(i) => (i.si_code, i.si_addr() as usize),
-            None => (0, 0),
-        }
+    let (code, addr) = match unsafe { info.as_ref() } {
+        // SAFETY: `i` is a whole, initialised `siginfo_t`; `si_addr` reads a pointer from its
+        // union, used only when `si_code > 0` (a fault, for which the kernel fills `si_addr`).
+        Some(i) => (i.si_code, unsafe { i.si_addr() } as usize),
+        None => (0, 0),
     };
     // si_code > 0: the kernel raised it for a memory access (not kill/tgkill/sigqueue).
     let ours = if code > 0 { find(addr) } else { None };
@@ -192,8 +197,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         Some(e) => repair(e),
         None => chain(sig, info, ctx, code),
     }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
+    // SAFETY: as above, `errno_p` is this thread's `errno`; we restore the interrupted value.
+    unsafe { *errno_p = errno };
 }
 
 /// The registered entry whose mapping holds `addr`.
@@ -213,17 +218,18 @@ fn repair(e: &'static Entry) {
     let want = e.restore_len.load(Ordering::Relaxed);
     let mut fixed = false;
     if want != 0 {
-        // SAFETY: an all-zero stat is a valid buffer; fstat and ftruncate on a descriptor the
-        // registration keeps open are async-signal-safe and touch no memory of ours but `st`.
-        unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd, &mut st) == 0 {
-                if (st.st_size.max(0) as u64) < want {
-                    fixed = libc::ftruncate(fd, want as libc::off_t) == 0;
-                } else {
-                    // A peer re-extended it first: retry, a bounded number of times.
-                    fixed = e.retries.fetch_add(1, Ordering::Relaxed) < MAX_RETRIES;
-                }
+        // SAFETY: an all-zero `stat` is a valid buffer (integers only).
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat on a descriptor the registration keeps open is async-signal-safe and
+        // writes only `st`, ours and writable.
+        if unsafe { libc::fstat(fd, &mut st) } == 0 {
+            if (st.st_size.max(0) as u64) < want {
+                // SAFETY: ftruncate on that descriptor is async-signal-safe and touches no
+                // memory; it gives the file back the length it was created with.
+                fixed = unsafe { libc::ftruncate(fd, want as libc::off_t) } == 0;
+            } else {
+                // A peer re-extended it first: retry, a bounded number of times.
+                fixed = e.retries.fetch_add(1, Ordering::Relaxed) < MAX_RETRIES;
             }
         }
     }
@@ -312,32 +318,33 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, c
             return;
         }
         if h != libc::SIG_DFL && h != libc::SIG_IGN {
-            // SAFETY: `h` is the handler the application installed, called with the signature
-            // its flags declare, with the arguments the kernel gave us.
-            unsafe {
-                if old.sa_flags & libc::SA_SIGINFO != 0 {
-                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                        std::mem::transmute(h);
-                    f(sig, info, ctx);
-                } else {
-                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
-                    f(sig);
-                }
+            // `h` is the handler the application installed (neither SIG_DFL nor SIG_IGN), called
+            // with the signature its flags declare, with the arguments the kernel gave us.
+            if old.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: with SA_SIGINFO, `h` is the address of a three-argument handler.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(h) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: without SA_SIGINFO, `h` is the address of a one-argument handler.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+                f(sig);
             }
             return;
         }
     }
     // No handler before ours: the default action, as without us. A fault re-runs the access on
     // return and dies of it; a signal sent by a process is raised again (delivered on return).
-    // SAFETY: sigaction and raise are async-signal-safe; the struct is zeroed then filled.
-    unsafe {
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut dfl.sa_mask);
-        libc::sigaction(sig, &dfl, std::ptr::null_mut());
-        if code <= 0 {
-            libc::raise(sig);
-        }
+    // SAFETY: all-zero bytes are a valid `sigaction` (integers, a handler address, a mask).
+    let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    dfl.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: async-signal-safe; `dfl.sa_mask` is a valid, writable `sigset_t` of ours.
+    unsafe { libc::sigemptyset(&mut dfl.sa_mask) };
+    // SAFETY: sigaction is async-signal-safe; `dfl` (the default action) is filled in.
+    unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
+    if code <= 0 {
+        // SAFETY: raise is async-signal-safe and takes no pointers.
+        unsafe { libc::raise(sig) };
     }
 }
 
@@ -345,21 +352,25 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, c
 /// nothing, `None` when either cannot be examined.
 pub fn same_file(fd: RawFd, path: &Path) -> Option<bool> {
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: zeroed stat buffers are valid to fill; `c` is NUL-terminated.
-    unsafe {
-        let (mut ours, mut there): (libc::stat, libc::stat) =
-            (std::mem::zeroed(), std::mem::zeroed());
-        if libc::fstat(fd, &mut ours) != 0 {
-            return None;
-        }
-        if libc::lstat(c.as_ptr(), &mut there) != 0 {
-            return match *libc::__errno_location() {
-                libc::ENOENT | libc::ENOTDIR => Some(false),
-                _ => None,
-            };
-        }
-        Some(ours.st_dev == there.st_dev && ours.st_ino == there.st_ino)
+    // SAFETY: an all-zero `stat` is a valid buffer to fill (integers only).
+    let mut ours: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as for `ours`.
+    let mut there: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only `ours`, a valid, writable buffer; a bad `fd` fails with EBADF.
+    if unsafe { libc::fstat(fd, &mut ours) } != 0 {
+        return None;
     }
+    // SAFETY: `c` is NUL-terminated and outlives the call; lstat writes only `there`.
+    if unsafe { libc::lstat(c.as_ptr(), &mut there) } != 0 {
+        // SAFETY: `__errno_location` has no preconditions; it returns this thread's `errno`.
+        let errno_p = unsafe { libc::__errno_location() };
+        // SAFETY: `errno_p` points at this thread's `errno`, valid for the thread's life.
+        return match unsafe { *errno_p } {
+            libc::ENOENT | libc::ENOTDIR => Some(false),
+            _ => None,
+        };
+    }
+    Some(ours.st_dev == there.st_dev && ours.st_ino == there.st_ino)
 }
 
 /// The library's own region: its descriptor and path, for [`check_replaced`] (the last one

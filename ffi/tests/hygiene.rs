@@ -11,22 +11,21 @@ extern "C" fn app_handler(_: libc::c_int) {
 }
 
 fn handler_of(sig: libc::c_int) -> usize {
-    // SAFETY: querying a disposition into a zeroed struct we own.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(sig, std::ptr::null(), &mut old);
-        old.sa_sigaction
-    }
+    // SAFETY: all-zero bytes are a valid `sigaction` (integers, a handler, a mask).
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query (act = null) into a struct we own changes nothing.
+    unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+    old.sa_sigaction
 }
 
 fn install(sig: libc::c_int) {
-    // SAFETY: installing a plain extern "C" handler.
-    unsafe {
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = app_handler as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(sig, &act, std::ptr::null_mut());
-    }
+    // SAFETY: all-zero bytes are a valid `sigaction` (integers, a handler, a mask).
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = app_handler as extern "C" fn(libc::c_int) as usize;
+    // SAFETY: `act.sa_mask` is a valid, writable `sigset_t` of ours.
+    unsafe { libc::sigemptyset(&mut act.sa_mask) };
+    // SAFETY: installs a plain extern "C" one-argument handler that only stores to an atomic.
+    unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) };
 }
 
 #[test]
@@ -53,12 +52,11 @@ fn initialisation_keeps_umask_cwd_and_application_handlers() {
     assert!(rt.shared, "the region file in a temp dir is usable");
     assert!(rt.own_slot().is_some());
 
-    // SAFETY: reading the umask by setting it and putting it back.
-    let mask = unsafe {
-        let m = libc::umask(0o027);
-        libc::umask(m);
-        m
-    };
+    // Reading the umask by setting it and putting it back.
+    // SAFETY: umask has no preconditions.
+    let mask = unsafe { libc::umask(0o027) };
+    // SAFETY: as above; puts the mask back.
+    unsafe { libc::umask(mask) };
     assert_eq!(mask, 0o027, "umask changed");
     assert_eq!(
         std::env::current_dir().unwrap(),

@@ -127,13 +127,11 @@ fn pipe() -> Pipe {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors.
     assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: both descriptors were just created and are owned by nothing else.
-    unsafe {
-        Pipe {
-            r: OwnedFd::from_raw_fd(fds[0]),
-            w: OwnedFd::from_raw_fd(fds[1]),
-        }
-    }
+    // SAFETY: the read end was just created and is owned by nothing else.
+    let r = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    // SAFETY: likewise the write end.
+    let w = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+    Pipe { r, w }
 }
 
 /// Child side: says "ready".
@@ -613,11 +611,10 @@ fn init_lock_is_the_lock_c_peers_take_with_lockf() {
     // We hold it: a C peer's lockf(F_TLOCK, size) at offset 0 fails.
     assert!(p.init_lock(100 * MS));
     let child = fork(|| {
-        // SAFETY: plain calls on an inherited descriptor.
-        unsafe {
-            libc::lseek(fd, 0, libc::SEEK_SET);
-            i32::from(libc::lockf(fd, libc::F_TLOCK, SIZE as libc::off_t) == 0)
-        }
+        // SAFETY: a plain call on an inherited descriptor, no pointers.
+        unsafe { libc::lseek(fd, 0, libc::SEEK_SET) };
+        // SAFETY: as above.
+        i32::from(unsafe { libc::lockf(fd, libc::F_TLOCK, SIZE as libc::off_t) } == 0)
     });
     assert_eq!(reap(child), 0);
     p.init_unlock();
@@ -625,11 +622,10 @@ fn init_lock_is_the_lock_c_peers_take_with_lockf() {
     let ready = pipe();
     let w = ready.w.as_raw_fd();
     let child = fork(|| {
-        // SAFETY: plain calls on an inherited descriptor.
-        let rc = unsafe {
-            libc::lseek(fd, 0, libc::SEEK_SET);
-            libc::lockf(fd, libc::F_LOCK, SIZE as libc::off_t)
-        };
+        // SAFETY: a plain call on an inherited descriptor, no pointers.
+        unsafe { libc::lseek(fd, 0, libc::SEEK_SET) };
+        // SAFETY: as above.
+        let rc = unsafe { libc::lockf(fd, libc::F_LOCK, SIZE as libc::off_t) };
         if rc != 0 {
             return 1;
         }

@@ -138,13 +138,17 @@ fn as_nobody(f: impl FnOnce() -> String) -> Option<String> {
     }
     Some(
         in_child(|| {
-            // SAFETY: plain credential calls in the (single-threaded) child.
-            let ok = unsafe {
-                libc::setgroups(0, std::ptr::null()) == 0
-                    && libc::setgid(NOBODY) == 0
-                    && libc::setuid(NOBODY) == 0
-            };
-            if !ok {
+            // SAFETY: a plain credential call in the (single-threaded) child; an empty list
+            // (size 0, NULL) reads no memory.
+            if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
+                return Err(70);
+            }
+            // SAFETY: a plain credential call in the child, no pointers.
+            if unsafe { libc::setgid(NOBODY) } != 0 {
+                return Err(70);
+            }
+            // SAFETY: as for setgid.
+            if unsafe { libc::setuid(NOBODY) } != 0 {
                 return Err(70);
             }
             Ok(f())
@@ -158,8 +162,10 @@ fn in_child(f: impl FnOnce() -> Result<String, i32>) -> Result<String, i32> {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for two descriptors.
     assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: both were just created and are owned by nothing else.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the read end was just created and is owned by nothing else.
+    let r = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    // SAFETY: likewise the write end.
+    let w = unsafe { OwnedFd::from_raw_fd(fds[1]) };
     let wfd: RawFd = w.as_raw_fd();
     // SAFETY: fork has no memory-safety preconditions; the child runs `f` and `_exit`s.
     let pid = unsafe { libc::fork() };
@@ -410,11 +416,9 @@ fn leak_keeps_the_mapping_and_drop_closes_the_descriptor() {
     let (region, ext): (&'static SharedRegion, _) = file.leak();
     ext.buckets[0].rate.store(7, Ordering::Relaxed);
     region.proc_num.store(3, Ordering::Relaxed);
-    // SAFETY: F_GETFD on a descriptor number.
-    assert!(
-        unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0,
-        "leaked fd stays open"
-    );
+    // SAFETY: F_GETFD on a descriptor number takes no pointers (a closed one gives EBADF).
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    assert!(flags >= 0, "leaked fd stays open");
     assert_eq!(region.proc_num.load(Ordering::Relaxed), 3);
 
     let other = dir.join("other");
@@ -422,11 +426,8 @@ fn leak_keeps_the_mapping_and_drop_closes_the_descriptor() {
     let fd = file.fd();
     drop(file);
     // SAFETY: as above; the number is not reused meanwhile (tests are serialised).
-    assert_eq!(
-        unsafe { libc::fcntl(fd, libc::F_GETFD) },
-        -1,
-        "dropped fd is closed"
-    );
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    assert_eq!(flags, -1, "dropped fd is closed");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -739,33 +740,39 @@ fn a_read_only_file_system_gives_erofs_with_the_fix() {
     // In a child with its own mount namespace: mount an empty read-only tmpfs and open in it.
     let got = in_child(move || {
         let cm = std::ffi::CString::new(m.as_os_str().as_bytes()).unwrap();
-        // SAFETY: plain calls with NUL-terminated strings, in the child only.
-        unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(77);
-            }
-            let root = c"/";
-            if libc::mount(
+        // SAFETY: a plain call, no pointers, in the child only.
+        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+            return Err(77);
+        }
+        let root = c"/";
+        // SAFETY: NUL-terminated target, NULL source, type and data (allowed for a propagation
+        // change), in the child's own mount namespace only.
+        let rc = unsafe {
+            libc::mount(
                 std::ptr::null(),
                 root.as_ptr(),
                 std::ptr::null(),
                 libc::MS_REC | libc::MS_PRIVATE,
                 std::ptr::null(),
-            ) != 0
-            {
-                return Err(77);
-            }
-            let tmpfs = c"tmpfs";
-            if libc::mount(
+            )
+        };
+        if rc != 0 {
+            return Err(77);
+        }
+        let tmpfs = c"tmpfs";
+        // SAFETY: NUL-terminated source, target and type, NULL data, in the child's own mount
+        // namespace only.
+        let rc = unsafe {
+            libc::mount(
                 tmpfs.as_ptr(),
                 cm.as_ptr(),
                 tmpfs.as_ptr(),
                 libc::MS_RDONLY,
                 std::ptr::null(),
-            ) != 0
-            {
-                return Err(77);
-            }
+            )
+        };
+        if rc != 0 {
+            return Err(77);
         }
         Ok(error_text(region_file::open(&p, OpenMode::ReadWrite)))
     });

@@ -239,8 +239,8 @@ fn ctx_create(
     let Some(dev) = devices::region_index(a.rt, ordinal) else {
         return create();
     };
-    // SAFETY (both closures): they run only after the driver succeeded, so `*pctx` holds the
-    // new context.
+    // SAFETY: `made` runs only after the driver succeeded (in `create_counted`, and in the undo
+    // closure below), so `*pctx` holds the new context.
     let made = || unsafe { *pctx };
     let (r, cost) = create_counted(a.rt, what, (dev, ordinal), create, made, || {
         destroy_ctx(made())

@@ -269,8 +269,14 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             !dptr.is_null() && !p_pitch.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
             || unsafe { f(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
-            // SAFETY: the driver succeeded and wrote both outputs.
-            || unsafe { (*dptr, *p_pitch as u64) },
+            || {
+                // SAFETY: runs only when both outputs are non-null and the driver succeeded,
+                // so it wrote `*dptr`.
+                let ptr = unsafe { *dptr };
+                // SAFETY: likewise, the driver wrote `*p_pitch`.
+                let pitch = unsafe { *p_pitch };
+                (ptr, pitch as u64)
+            },
             |ptr| {
                 if let Some(free) = real::cuMemFree_v2.get() {
                     // SAFETY: freeing the allocation the driver just made.
@@ -302,8 +308,14 @@ pub unsafe extern "C" fn cuMemAllocPitch(
             !dptr.is_null() && !p_pitch.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
             || unsafe { f(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
-            // SAFETY: the driver succeeded and wrote both outputs.
-            || unsafe { (u64::from(*dptr), u64::from(*p_pitch)) },
+            || {
+                // SAFETY: runs only when both outputs are non-null and the driver succeeded,
+                // so it wrote `*dptr`.
+                let ptr = unsafe { *dptr };
+                // SAFETY: likewise, the driver wrote `*p_pitch`.
+                let pitch = unsafe { *p_pitch };
+                (u64::from(ptr), u64::from(pitch))
+            },
             |ptr| {
                 if let Some(free) = real::cuMemFree.get() {
                     // SAFETY: freeing the allocation the driver just made.
@@ -792,8 +804,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         let Some(a) = active() else {
             return r;
         };
-        // SAFETY: both pointers are non-null; the driver accepted `props` and wrote `*pool`.
-        let (p, handle) = unsafe { (*props, *pool) };
+        // SAFETY: `props` is non-null, and the driver accepted it as a readable properties struct.
+        let p = unsafe { *props };
+        // SAFETY: `pool` is non-null, and the driver succeeded, so it wrote `*pool`.
+        let handle = unsafe { *pool };
         if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
             if let Some(dev) = devices::region_index(a.rt, p.location.id) {
                 table::with_pools(|m| {
@@ -1180,14 +1194,15 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         if !r.ok() || free.is_null() || total.is_null() {
             return r;
         }
-        // SAFETY: both non-null and just written by the driver.
-        let (rf, rt) = unsafe { (*free as u64, *total as u64) };
+        // SAFETY: `free` is non-null and was just written by the driver.
+        let rf = unsafe { *free } as u64;
+        // SAFETY: `total` is non-null and was just written by the driver.
+        let rt = unsafe { *total } as u64;
         if let Some((t, fr)) = mem_info(rf, rt) {
-            // SAFETY: as above; writing the caller's outputs.
-            unsafe {
-                *total = t as usize;
-                *free = fr as usize;
-            }
+            // SAFETY: as above, `total` is the caller's non-null, writable output.
+            unsafe { *total = t as usize };
+            // SAFETY: as above, `free` is the caller's non-null, writable output.
+            unsafe { *free = fr as usize };
         }
         r
     })
@@ -1207,14 +1222,15 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
         if !r.ok() || free.is_null() || total.is_null() {
             return r;
         }
-        // SAFETY: both non-null and just written by the driver.
-        let (rf, rt) = unsafe { (u64::from(*free), u64::from(*total)) };
+        // SAFETY: `free` is non-null and was just written by the driver.
+        let rf = u64::from(unsafe { *free });
+        // SAFETY: `total` is non-null and was just written by the driver.
+        let rt = u64::from(unsafe { *total });
         if let Some((t, fr)) = mem_info(rf, rt) {
-            // SAFETY: as above; writing the caller's outputs.
-            unsafe {
-                *total = t.min(u64::from(u32::MAX)) as c_uint;
-                *free = fr.min(u64::from(u32::MAX)) as c_uint;
-            }
+            // SAFETY: as above, `total` is the caller's non-null, writable output.
+            unsafe { *total = t.min(u64::from(u32::MAX)) as c_uint };
+            // SAFETY: as above, `free` is the caller's non-null, writable output.
+            unsafe { *free = fr.min(u64::from(u32::MAX)) as c_uint };
         }
         r
     })

@@ -157,8 +157,10 @@ unsafe fn answer<E: ProcEntry>(view: &[Entry], count: *mut c_uint, out: *mut E) 
         return NvmlReturn::INSUFFICIENT_SIZE;
     }
     for (i, e) in view.iter().enumerate() {
-        // SAFETY: `i < view.len() <= room`, the caller's array length.
-        unsafe { out.add(i).write(E::from_entry(*e)) };
+        // SAFETY: `i < view.len() <= room`, the caller's array length: in bounds.
+        let slot = unsafe { out.add(i) };
+        // SAFETY: `slot` lies in the caller's writable array (per the contract).
+        unsafe { slot.write(E::from_entry(*e)) };
     }
     NvmlReturn::SUCCESS
 }
@@ -278,8 +280,10 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             return NvmlReturn::INSUFFICIENT_SIZE;
         }
         for (i, s) in ours.iter().enumerate() {
-            // SAFETY: `i < ours.len() <= room`, the caller's array length.
-            unsafe { utilization.add(i).write(*s) };
+            // SAFETY: `i < ours.len() <= room`, the caller's array length: in bounds.
+            let slot = unsafe { utilization.add(i) };
+            // SAFETY: `slot` lies in the caller's writable array (per NVML's contract).
+            unsafe { slot.write(*s) };
         }
         NvmlReturn::SUCCESS
     })
@@ -304,11 +308,13 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
         match own_name {
             Some(text) if !name.is_null() && length > 0 => {
                 let n = text.len().min(length as usize - 1);
-                // SAFETY: the caller's buffer of `length` bytes; `n + 1 <= length`.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(text.as_ptr(), name.cast::<u8>(), n);
-                    *name.add(n) = 0;
-                }
+                // SAFETY: the caller's buffer of `length` bytes, `n + 1 <= length`, and `text`
+                // (at least `n` bytes, our own Vec) cannot overlap it.
+                unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), name.cast::<u8>(), n) };
+                // SAFETY: `n < length`: still inside the caller's buffer.
+                let end = unsafe { name.add(n) };
+                // SAFETY: `end` lies in the caller's writable buffer.
+                unsafe { *end = 0 };
                 NvmlReturn::SUCCESS
             }
             // SAFETY: the caller's arguments, passed on.

@@ -63,15 +63,17 @@ impl Session {
         if pipe[1] >= 0 {
             WAKE_FD.store(pipe[1], Ordering::Relaxed);
             for sig in SIGNALS {
-                // SAFETY: zeroed sigaction structs are valid; the handler only writes to a pipe.
-                unsafe {
-                    let mut act: libc::sigaction = std::mem::zeroed();
-                    act.sa_sigaction = on_signal as *const () as usize;
-                    libc::sigemptyset(&mut act.sa_mask);
-                    let mut prev: libc::sigaction = std::mem::zeroed();
-                    if libc::sigaction(sig, &act, &mut prev) == 0 {
-                        old.push((sig, prev));
-                    }
+                // SAFETY: all-zero bytes are a valid `sigaction` (integers, a handler, a mask).
+                let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+                act.sa_sigaction = on_signal as *const () as usize;
+                // SAFETY: `act.sa_mask` is a valid, writable `sigset_t` of ours.
+                unsafe { libc::sigemptyset(&mut act.sa_mask) };
+                // SAFETY: as for `act`, all-zero bytes are a valid `sigaction`.
+                let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
+                // SAFETY: `act` is filled in with a one-argument handler that only writes to a
+                // pipe (async-signal-safe); `prev` is ours and writable.
+                if unsafe { libc::sigaction(sig, &act, &mut prev) } == 0 {
+                    old.push((sig, prev));
                 }
             }
         }
