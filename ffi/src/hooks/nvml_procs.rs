@@ -140,29 +140,40 @@ fn container_view(
     .collect()
 }
 
-/// Copies `view` into the caller's array of `*count` entries as NVML does: the count needed
-/// goes into `*count`, and an array too small (or none) gets `NVML_ERROR_INSUFFICIENT_SIZE`.
+/// Copies `items` into the caller's array of `*count` entries as NVML does: the count needed
+/// goes into `*count`, an array too small (or none) gets `NVML_ERROR_INSUFFICIENT_SIZE`, and no
+/// items at all get `when_empty`.
 ///
 /// # Safety
 /// `count` is valid; `out` is null or has room for `*count` entries.
-unsafe fn answer<E: ProcEntry>(view: &[Entry], count: *mut c_uint, out: *mut E) -> NvmlReturn {
+unsafe fn answer<T: Copy>(
+    items: &[T],
+    count: *mut c_uint,
+    out: *mut T,
+    when_empty: NvmlReturn,
+) -> NvmlReturn {
     // SAFETY: valid per the contract.
     let room = unsafe { *count } as usize;
     // SAFETY: as above.
-    unsafe { *count = view.len() as c_uint };
-    if view.is_empty() {
-        return NvmlReturn::SUCCESS;
+    unsafe { *count = items.len() as c_uint };
+    if items.is_empty() {
+        return when_empty;
     }
-    if out.is_null() || room < view.len() {
+    if out.is_null() || room < items.len() {
         return NvmlReturn::INSUFFICIENT_SIZE;
     }
-    for (i, e) in view.iter().enumerate() {
-        // SAFETY: `i < view.len() <= room`, the caller's array length: in bounds.
+    for (i, item) in items.iter().enumerate() {
+        // SAFETY: `i < items.len() <= room`, the caller's array length: in bounds.
         let slot = unsafe { out.add(i) };
         // SAFETY: `slot` lies in the caller's writable array (per the contract).
-        unsafe { slot.write(E::from_entry(*e)) };
+        unsafe { slot.write(*item) };
     }
     NvmlReturn::SUCCESS
+}
+
+/// `view` in the entry layout `E`.
+fn out_entries<E: ProcEntry>(view: &[Entry]) -> Vec<E> {
+    view.iter().map(|e| E::from_entry(*e)).collect()
 }
 
 /// A process-list hook: the real query `real` for `device`, rewritten to the container's view.
@@ -194,7 +205,7 @@ unsafe fn list_hook<E: ProcEntry>(
         unlisted,
     );
     // SAFETY: `count` is non-null and, with `out`, the caller's per NVML's contract.
-    unsafe { answer(&view, count, out) }
+    unsafe { answer(&out_entries(&view), count, out, NvmlReturn::SUCCESS) }
 }
 
 macro_rules! list_hooks {
@@ -268,24 +279,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             Err(r) => return r,
         };
         let ours = container_samples(&samples, slots::listed(a.rt.region, &a.rt.platform, dev));
+        // NVML answers NOT_FOUND when no process ran since `last_seen`.
         // SAFETY: `count` is non-null and, with `utilization`, the caller's per NVML's contract.
-        let room = unsafe { *count } as usize;
-        // SAFETY: as above.
-        unsafe { *count = ours.len() as c_uint };
-        if ours.is_empty() {
-            // What NVML answers when no process ran since `last_seen`.
-            return NvmlReturn::NOT_FOUND;
-        }
-        if utilization.is_null() || room < ours.len() {
-            return NvmlReturn::INSUFFICIENT_SIZE;
-        }
-        for (i, s) in ours.iter().enumerate() {
-            // SAFETY: `i < ours.len() <= room`, the caller's array length: in bounds.
-            let slot = unsafe { utilization.add(i) };
-            // SAFETY: `slot` lies in the caller's writable array (per NVML's contract).
-            unsafe { slot.write(*s) };
-        }
-        NvmlReturn::SUCCESS
+        unsafe { answer(&ours, count, utilization, NvmlReturn::NOT_FOUND) }
     })
 }
 
@@ -382,22 +378,27 @@ mod tests {
 
     #[test]
     fn answers_follow_nvmls_size_contract() {
-        let view = [nv(7, 1), nv(9, 2)];
+        let view: Vec<NvmlProcessInfo> = out_entries(&[nv(7, 1), nv(9, 2)]);
+        let ok = NvmlReturn::SUCCESS;
         let mut count: c_uint = 1;
         let mut out = [NvmlProcessInfo::default(); 2];
         // SAFETY: a valid count and an array of 2 (1 announced).
-        let r = unsafe { answer(&view, &mut count, out.as_mut_ptr()) };
+        let r = unsafe { answer(&view, &mut count, out.as_mut_ptr(), ok) };
         assert_eq!((r, count), (NvmlReturn::INSUFFICIENT_SIZE, 2));
         // SAFETY: as above, 2 announced.
-        let r = unsafe { answer(&view, &mut count, out.as_mut_ptr()) };
-        assert_eq!((r, count, out[1].pid), (NvmlReturn::SUCCESS, 2, 9));
+        let r = unsafe { answer(&view, &mut count, out.as_mut_ptr(), ok) };
+        assert_eq!((r, count, out[1].pid), (ok, 2, 9));
         let mut zero: c_uint = 0;
         // SAFETY: a null array with a count of 0 asks for the size.
-        let r = unsafe { answer::<NvmlProcessInfo>(&view, &mut zero, std::ptr::null_mut()) };
+        let r = unsafe { answer(&view, &mut zero, std::ptr::null_mut(), ok) };
         assert_eq!((r, zero), (NvmlReturn::INSUFFICIENT_SIZE, 2));
         // SAFETY: nothing to write.
-        let r = unsafe { answer::<NvmlProcessInfo>(&[], &mut zero, std::ptr::null_mut()) };
-        assert_eq!((r, zero), (NvmlReturn::SUCCESS, 0));
+        let r = unsafe { answer::<NvmlProcessInfo>(&[], &mut zero, std::ptr::null_mut(), ok) };
+        assert_eq!((r, zero), (ok, 0));
+        let none = NvmlReturn::NOT_FOUND;
+        // SAFETY: nothing to write.
+        let r = unsafe { answer::<NvmlProcessInfo>(&[], &mut zero, std::ptr::null_mut(), none) };
+        assert_eq!((r, zero), (none, 0), "samples: none since last_seen");
     }
 
     #[test]
