@@ -14,13 +14,15 @@
  *   - nvmlSystemGetProcessName(A's pid) names this test's binary;
  *   - a process killed drops out of the list at once, before its slot is reaped.
  * Workers: `t_procs work MIB` allocates MIB, launches kernels, writes "ready" on stdout and waits
- * for stdin to close.
+ * for stdin to close; this process does the same with 50 MiB.
  */
 #include "common.h"
 
 #define MAXP 16
 
-static int worker(long mib)
+/* A context on device 0 holding `mib` MiB, and 20 kernels run in it (they leave utilisation
+ * samples). */
+static void hold_and_run(long mib)
 {
     CUdevice dev;
     CUcontext ctx;
@@ -33,6 +35,11 @@ static int worker(long mib)
     for (int i = 0; i < 20; i++)
         CU(cuLaunchKernel(f, 64, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     CU(cuCtxSynchronize());
+}
+
+static int worker(long mib)
+{
+    hold_and_run(mib);
     printf("ready\n");
     fflush(stdout);
     char c;
@@ -128,13 +135,7 @@ int main(int argc, char **argv)
     struct child a = start(self, 100, NULL);
     struct child b = start(self, 200, NULL);
 
-    CUdevice dev;
-    CUcontext ctx;
-    CUdeviceptr p;
-    CU(cuInit(0));
-    CU(cuDeviceGet(&dev, 0));
-    CU(cuCtxCreate_v2(&ctx, 0, dev));
-    CU(cuMemAlloc_v2(&p, 50 * MIB));
+    hold_and_run(50);
 
     nvmlInit_v2();
     nvmlDevice_t h;
@@ -188,10 +189,6 @@ int main(int argc, char **argv)
           "graphics and MPS lists: none (%u, %u)", gn, mn);
 
     /* Utilisation samples: ours, under our pids; the driver has the other container's too. */
-    CUfunction f = load_spin_kernel();
-    for (int i = 0; i < 20; i++)
-        CU(cuLaunchKernel(f, 64, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
-    CU(cuCtxSynchronize());
     nvmlProcessUtilizationSample_t s[MAXP];
     unsigned sn = MAXP;
     r = nvmlDeviceGetProcessUtilization(h, s, &sn, 0);
