@@ -39,8 +39,8 @@
 //!   devices (`Some(vec![])`). The first invalid entry ends the list, as in CUDA, which ignores
 //!   everything from the first invalid entry on (so `-1` hides every device); a warning names it
 //!   unless it is a negative number, the usual way to hide all GPUs.
-//! - `HAMI_CONTEXT_SIZE` (ours): a size, the first estimate of a context's memory before it is
-//!   measured, default 256 MiB; malformed → error, 0 → warning, the default is used.
+//! - `HAMI_CONTEXT_SIZE` (ours): a size, what a context counts where NVML cannot measure it,
+//!   default 256 MiB; malformed → error, 0 → warning, the default is used.
 //! - `RECORD_KERNEL_INTERVAL`: whole seconds between two updates of the region's
 //!   `last_kernel_time`, default 1; anything else (0 included) → warning, 1 is used.
 //!
@@ -86,7 +86,7 @@ pub const CONTEXT_SIZE: &str = "HAMI_CONTEXT_SIZE";
 /// The kernel-time recording interval variable.
 pub const KERNEL_INTERVAL: &str = "RECORD_KERNEL_INTERVAL";
 
-/// A context's estimated cost when `HAMI_CONTEXT_SIZE` is unset and none has been measured yet.
+/// What a context counts where NVML cannot measure it and `HAMI_CONTEXT_SIZE` is unset.
 const DEFAULT_CONTEXT_SIZE: u64 = 256 << 20;
 
 /// `RECORD_KERNEL_INTERVAL` when unset, in seconds, as in HAMi-core.
@@ -137,7 +137,7 @@ pub struct Config {
     /// The per-device limit variables set (memory and SM) with their device index, so the
     /// hooks can name those that no device of this process has once the count is known.
     pub per_device_vars: Vec<(String, usize)>,
-    /// `HAMI_CONTEXT_SIZE`: a context's estimated cost before it is measured, in bytes.
+    /// `HAMI_CONTEXT_SIZE`: what a context counts where NVML cannot measure it, in bytes.
     pub context_size: u64,
     /// `RECORD_KERNEL_INTERVAL`, in seconds (at least 1).
     pub kernel_interval_s: u64,
