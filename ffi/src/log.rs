@@ -24,7 +24,7 @@
 //! `std::env` (the variable is read with `libc::getenv`).
 
 use core::fmt::{self, Write as _};
-use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::ffi::CStr;
 
 /// The size of one formatted record, newline included; longer records are truncated.
@@ -74,12 +74,8 @@ impl Level {
 const UNREAD: i32 = i32::MIN;
 static LEVEL: AtomicI32 = AtomicI32::new(UNREAD);
 
-/// Bit for [`once`]: a malformed `LIBCUDA_LOG_LEVEL` is reported once.
-pub const ONCE_BAD_LOG_LEVEL: u32 = 0;
-/// Bits 0..8 are reserved for this module and `config`; other modules take bits from 8 up.
-pub const ONCE_FIRST_FREE: u32 = 8;
-
-static ONCE_BITS: AtomicU64 = AtomicU64::new(0);
+/// A malformed `LIBCUDA_LOG_LEVEL` is reported once.
+static BAD_LOG_LEVEL: Once = Once::new();
 
 /// Interprets a `LIBCUDA_LOG_LEVEL` value (`None` = unset): `Some(level)` clamped to 0..=4, or
 /// `None` when it is not a whole decimal number (the caller then uses [`DEFAULT_LEVEL`] and
@@ -107,7 +103,7 @@ pub fn level() -> i32 {
         // Two threads may both get here; they store the same value. Store before warning, so
         // the warning's own level check does not come back here.
         LEVEL.store(lvl, Ordering::Relaxed);
-        if bad && once(ONCE_BAD_LOG_LEVEL) {
+        if bad && BAD_LOG_LEVEL.first() {
             emit(
                 Level::Warn,
                 file!(),
@@ -135,16 +131,22 @@ pub fn enabled(level_kind: Level) -> bool {
     level() >= level_kind.threshold()
 }
 
-/// Returns true the first time it is called with `kind_bit` in this process (a forked child
-/// inherits the bits), false afterwards: for messages that must not repeat, e.g.
-/// `if log::once(BIT) { log_warn!(...) }`. A bit of 64 or more always returns true (repeating is
-/// the safe failure).
-pub fn once(kind_bit: u32) -> bool {
-    if kind_bit >= 64 {
-        return true;
+/// A message that must not repeat: `static BAD: Once = Once::new();` at the call site, then
+/// `if BAD.first() { log_warn!(...) }`. One per kind of message, so no two kinds can share one
+/// (a forked child inherits what its parent said).
+#[derive(Default)]
+pub struct Once(AtomicBool);
+
+impl Once {
+    /// Not said yet.
+    pub const fn new() -> Self {
+        Once(AtomicBool::new(false))
     }
-    let mask = 1u64 << kind_bit;
-    ONCE_BITS.fetch_or(mask, Ordering::Relaxed) & mask == 0
+
+    /// True the first time it is called in this process, false afterwards.
+    pub fn first(&self) -> bool {
+        !self.0.swap(true, Ordering::Relaxed)
+    }
 }
 
 /// Calls `f` with the value of `name` read by `getenv`, without std's environment lock. A value
@@ -371,11 +373,12 @@ mod tests {
     }
 
     #[test]
-    fn once_fires_once_per_bit() {
-        assert!(once(63));
-        assert!(!once(63));
-        assert!(!once(63));
-        assert!(once(64) && once(64));
+    fn once_is_first_once_per_kind() {
+        static A: Once = Once::new();
+        static B: Once = Once::new();
+        assert!(A.first());
+        assert!(!A.first() && !A.first());
+        assert!(B.first(), "another kind is its own");
     }
 
     #[test]

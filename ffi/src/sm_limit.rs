@@ -32,13 +32,13 @@ use crate::runtime::{self, Runtime};
 static LIMITED: AtomicU32 = AtomicU32::new(0);
 /// Period of the controller.
 const PERIOD_NS: u64 = 200_000_000;
-/// [`log::once`] bit: NVML gives no utilisation for a limited device.
-const ONCE_NO_UTILISATION: u32 = log::ONCE_FIRST_FREE;
+/// Said once: NVML gives no utilisation for a limited device.
+static NO_UTILISATION: log::Once = log::Once::new();
 /// Longest the priority gate holds one launch; the monitor lifts it within a tick (5 s) of the
 /// higher-priority work ending. Past it the launch goes on and the monitor's -1 stays.
 const GATE_MAX_NS: u64 = 10_000_000_000;
-/// [`log::once`] bit: a launch went on through a closed priority gate.
-const ONCE_GATE_TIMEOUT: u32 = log::ONCE_FIRST_FREE + 2;
+/// Said once: a launch went on through a closed priority gate.
+static GATE_TIMEOUT: log::Once = log::Once::new();
 /// `recent_kernel` of a container that launched in the monitor's last two ticks.
 const ACTIVE: i32 = 2;
 /// Bit `d` set: this process has launched on region device `d` (the controller steers those).
@@ -108,7 +108,7 @@ fn priority_gate(rt: &Runtime) {
         let start = rt.platform.now_ns();
         while seen < 0 {
             if rt.platform.now_ns().saturating_sub(start) >= GATE_MAX_NS {
-                if log::once(ONCE_GATE_TIMEOUT) {
+                if GATE_TIMEOUT.first() {
                     log_warn!(
                         "a kernel launch waited {} s for HAMi's monitor to lift the priority gate \
                          (recent_kernel -1: a higher-priority task uses the GPU); letting it run",
@@ -152,7 +152,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 continue;
             }
             let util = SOURCE.get().and_then(|f| f(dev));
-            if util.is_none() && log::once(ONCE_NO_UTILISATION) {
+            if util.is_none() && NO_UTILISATION.first() {
                 log_warn!(
                     "SM limit of device {dev}: NVML reports no utilisation, so the limit holds \
                      on the rate of launched blocks alone (NVML's view of the GPU's time is not \

@@ -17,8 +17,8 @@ use crate::runtime::Runtime;
 const SUSPEND_MAX_NS: u64 = 60_000_000_000;
 /// How often the status is read again while waiting.
 const POLL_NS: u64 = 10_000_000;
-/// [`log::once`] bit: a call went on after [`SUSPEND_MAX_NS`].
-const ONCE_SUSPEND_TIMEOUT: u32 = log::ONCE_FIRST_FREE + 1;
+/// Said once: a call went on after [`SUSPEND_MAX_NS`].
+static SUSPEND_TIMEOUT: log::Once = log::Once::new();
 
 /// Waits while this process's slot is suspended (bounded; see the module docs). One relaxed
 /// load of the status when running.
@@ -39,7 +39,7 @@ fn wait(rt: &Runtime) {
     let start = rt.platform.now_ns();
     while suspended(rt) {
         if rt.platform.now_ns().saturating_sub(start) >= SUSPEND_MAX_NS {
-            if log::once(ONCE_SUSPEND_TIMEOUT) {
+            if SUSPEND_TIMEOUT.first() {
                 log_warn!(
                     "this process was suspended (slot status 2) for {} s; going on with the call \
                      (resume it with shrreg-tool --resume, or the suspender is gone)",

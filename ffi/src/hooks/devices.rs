@@ -43,7 +43,8 @@ const DONE: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNCOMPUTED);
 static MAP: [AtomicU8; MAX_ORDINALS] = [const { AtomicU8::new(UNMAPPED) }; MAX_ORDINALS];
-static WARNED_UNMAPPED: AtomicBool = AtomicBool::new(false);
+/// Said once: a CUDA device has no region index.
+static UNMAPPED_DEVICE: crate::log::Once = crate::log::Once::new();
 
 thread_local! {
     static COMPUTING_HERE: Cell<bool> = const { Cell::new(false) };
@@ -68,7 +69,7 @@ pub fn region_index(rt: &Runtime, ordinal: CUdevice) -> Option<usize> {
         fallback(rt, o, None).unwrap_or(UNMAPPED)
     };
     if usize::from(idx) >= ABI_DEVS {
-        if !WARNED_UNMAPPED.swap(true, Ordering::Relaxed) {
+        if UNMAPPED_DEVICE.first() {
             log_warn!(
                 "CUDA device {ordinal} has no device index below {ABI_DEVS} in the shared region; \
                  its memory is not accounted"

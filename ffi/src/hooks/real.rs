@@ -9,7 +9,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::log::log_warn;
 
@@ -131,7 +131,7 @@ pub struct Real<F> {
     lib: &'static Lib,
     name: &'static CStr,
     addr: AtomicUsize,
-    reported: AtomicBool,
+    reported: crate::log::Once,
     _f: PhantomData<F>,
 }
 
@@ -143,7 +143,7 @@ impl<F: Copy> Real<F> {
             lib,
             name,
             addr: AtomicUsize::new(UNRESOLVED),
-            reported: AtomicBool::new(false),
+            reported: crate::log::Once::new(),
             _f: PhantomData,
         }
     }
@@ -178,7 +178,7 @@ impl<F: Copy> Real<F> {
     /// the function a hook forwards to.
     pub fn require(&self) -> Option<F> {
         let f = self.get();
-        if f.is_none() && !self.reported.swap(true, Ordering::Relaxed) {
+        if f.is_none() && self.reported.first() {
             log_warn!(
                 "{} has no {}: the call returns an error instead",
                 self.lib.name.to_string_lossy(),
