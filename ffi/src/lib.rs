@@ -4,6 +4,7 @@ pub mod config;
 pub mod hooks;
 pub mod inspect;
 pub mod log;
+pub(crate) mod one_time;
 pub mod platform;
 pub mod process;
 pub mod region_file;

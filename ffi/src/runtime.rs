@@ -21,7 +21,7 @@
 //! (on a refusal, at start-up and in the usage views) takes the lock only if it is free.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use hami_shm::admission::{self, OutOfMemory};
@@ -35,6 +35,7 @@ use hami_shm::validate::Verdict;
 
 use crate::config::Config;
 use crate::log::{log_error, log_info, log_warn};
+use crate::one_time::{OneTime, RunningHere, Started};
 use crate::platform::LinuxPlatform;
 use crate::process;
 use crate::region_file::{self, OpenMode, RegionFile};
@@ -96,10 +97,8 @@ pub struct Runtime {
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-const UNINIT: u8 = 0;
-const BUSY: u8 = 1;
-const DONE: u8 = 2;
+/// The runtime's construction, once per process.
+static INIT: OneTime = OneTime::new();
 
 /// Takes a lock that is one flag (so a forked child can clear it): spins briefly, then yields.
 /// The lock is held until the guard drops, also when a panic unwinds through its holder (a hook
@@ -151,28 +150,23 @@ pub fn existing() -> Option<&'static Runtime> {
 
 #[cold]
 fn init_slow() -> Option<&'static Runtime> {
-    if IN_INIT.try_with(Cell::get).unwrap_or(true) {
+    if RunningHere::is_set(&IN_INIT) {
         return None;
     }
-    match STATE.compare_exchange(UNINIT, BUSY, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => {
-            let _ = IN_INIT.try_with(|f| f.set(true));
-            let rt = build();
-            let _ = RUNTIME.set(rt);
-            STATE.store(DONE, Ordering::Release);
-            let _ = IN_INIT.try_with(|f| f.set(false));
+    let started = INIT.start(|| {
+        let _here = RunningHere::set(&IN_INIT);
+        let _ = RUNTIME.set(build());
+        true
+    });
+    match started {
+        Started::Ran(_) => {
             let rt = RUNTIME.get()?;
             process::install(rt);
             Some(rt)
         }
-        Err(_) => {
-            let start = crate::platform::monotonic_ns();
-            while STATE.load(Ordering::Acquire) != DONE {
-                if crate::platform::monotonic_ns().saturating_sub(start) > INIT_WAIT_NS {
-                    return None;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+        Started::Done => RUNTIME.get(),
+        Started::Running => {
+            INIT.wait(INIT_WAIT_NS);
             RUNTIME.get()
         }
     }

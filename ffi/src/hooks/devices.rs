@@ -28,6 +28,7 @@ use hami_shm::layout::ABI_DEVS;
 
 use crate::config::VisibleDevice;
 use crate::log::{log_info, log_warn};
+use crate::one_time::{OneTime, RunningHere, Started};
 use crate::runtime::Runtime;
 
 use super::real;
@@ -37,11 +38,8 @@ use super::types::*;
 pub const MAX_ORDINALS: usize = 64;
 const UNMAPPED: u8 = u8::MAX;
 
-const UNCOMPUTED: u8 = 0;
-const COMPUTING: u8 = 1;
-const DONE: u8 = 2;
-
-static STATE: AtomicU8 = AtomicU8::new(UNCOMPUTED);
+/// The map's computation, once per process (again after a run that could not finish).
+static MAP_STATE: OneTime = OneTime::new();
 static MAP: [AtomicU8; MAX_ORDINALS] = [const { AtomicU8::new(UNMAPPED) }; MAX_ORDINALS];
 /// Said once: a CUDA device has no region index.
 static UNMAPPED_DEVICE: crate::log::Once = crate::log::Once::new();
@@ -58,10 +56,10 @@ pub fn region_index(rt: &Runtime, ordinal: CUdevice) -> Option<usize> {
     let Ok(o) = usize::try_from(ordinal) else {
         return None;
     };
-    if STATE.load(Ordering::Acquire) != DONE {
+    if !MAP_STATE.is_done() {
         ensure_map(rt);
     }
-    let idx = if STATE.load(Ordering::Acquire) == DONE {
+    let idx = if MAP_STATE.is_done() {
         MAP.get(o)
             .map(|m| m.load(Ordering::Relaxed))
             .unwrap_or(UNMAPPED)
@@ -155,31 +153,21 @@ pub fn nvml_init() -> bool {
 }
 
 fn ensure_map(rt: &Runtime) {
-    if COMPUTING_HERE.try_with(Cell::get).unwrap_or(true) {
+    if RunningHere::is_set(&COMPUTING_HERE) {
         return;
     }
-    match STATE.compare_exchange(UNCOMPUTED, COMPUTING, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => {
-            let _ = COMPUTING_HERE.try_with(|c| c.set(true));
-            let t0 = crate::platform::monotonic_ns();
-            let done = compute(rt);
-            crate::log::log_debug!(
-                "device map computed in {} ms",
-                crate::platform::ms_between(t0, crate::platform::monotonic_ns())
-            );
-            let _ = COMPUTING_HERE.try_with(|c| c.set(false));
-            STATE.store(if done { DONE } else { UNCOMPUTED }, Ordering::Release);
-        }
-        Err(DONE) => {}
-        Err(_) => {
-            let start = crate::platform::monotonic_ns();
-            while STATE.load(Ordering::Acquire) == COMPUTING {
-                if crate::platform::monotonic_ns().saturating_sub(start) > WAIT_NS {
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        }
+    let started = MAP_STATE.start(|| {
+        let _here = RunningHere::set(&COMPUTING_HERE);
+        let t0 = crate::platform::monotonic_ns();
+        let done = compute(rt);
+        crate::log::log_debug!(
+            "device map computed in {} ms",
+            crate::platform::ms_between(t0, crate::platform::monotonic_ns())
+        );
+        done
+    });
+    if started == Started::Running {
+        MAP_STATE.wait(WAIT_NS);
     }
 }
 

@@ -32,13 +32,14 @@
 //! warning names the problem and the fix, `hostpid` stays 0 and accounting uses the container pid,
 //! as HAMi-core does. A forked child has a new pid, so it forgets the result and looks again.
 
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use hami_shm::layout::Region;
 use hami_shm::platform::Platform;
 
 use crate::log::{log_debug, log_info, log_warn};
+use crate::one_time::OneTime;
 use crate::platform::{monotonic_ns, ms_between};
 use crate::runtime::Runtime;
 
@@ -60,12 +61,8 @@ const MAX_NVML_ERRORS: u32 = 3;
 /// Probe sizes cycle through this many multiples of the step, bounding the probe to 128 MiB.
 const PROBE_SIZES: u64 = 64;
 
-const IDLE: u8 = 0;
-const RUNNING: u8 = 1;
-const DONE: u8 = 2;
-
-/// Whether this process has looked for its host pid: [`IDLE`], [`RUNNING`] or [`DONE`].
-static STATE: AtomicU8 = AtomicU8::new(IDLE);
+/// This process's search for its host pid, once (again in a forked child).
+static SEARCH: OneTime = OneTime::new();
 /// The host pid found (0 = unknown).
 static FOUND: AtomicU32 = AtomicU32::new(0);
 
@@ -80,7 +77,7 @@ pub fn known() -> Option<u32> {
 /// In a forked child (atomics only): the child has its own pid, so it looks again.
 pub(crate) fn after_fork() {
     FOUND.store(0, Ordering::Relaxed);
-    STATE.store(IDLE, Ordering::Relaxed);
+    SEARCH.reset();
     crate::capi::forget_host_pid();
 }
 
@@ -316,12 +313,16 @@ pub struct NewContext {
 /// list NVML gave without a probe allocation in it (to measure the context's cost), or `None` if
 /// discovery did not run.
 pub fn discover(rt: &Runtime, new: &NewContext, before: Option<&[Proc]>) -> Option<Vec<Proc>> {
-    if STATE
-        .compare_exchange(IDLE, RUNNING, Ordering::AcqRel, Ordering::Relaxed)
-        .is_err()
-    {
-        return None;
-    }
+    let mut list = None;
+    SEARCH.start(|| {
+        list = search_once(rt, new, before);
+        true
+    });
+    list
+}
+
+/// The search itself (module docs), logging what it found.
+fn search_once(rt: &Runtime, new: &NewContext, before: Option<&[Proc]>) -> Option<Vec<Proc>> {
     let start = monotonic_ns();
     let (outcome, list) = search(rt, new, before, start + DEADLINE_NS);
     let ms = ms_between(start, monotonic_ns());
@@ -349,7 +350,6 @@ pub fn discover(rt: &Runtime, new: &NewContext, before: Option<&[Proc]>) -> Opti
             );
         }
     }
-    STATE.store(DONE, Ordering::Release);
     list
 }
 
@@ -367,7 +367,7 @@ const INITIAL_PID_NS: &str = "pid:[4026531836]";
 /// (our own pid), which needs no list from before, and the first context's cost is all of our
 /// usage after it. Elsewhere the list tells new pids from old ones, so it is waited for.
 pub fn list_before_optional() -> bool {
-    STATE.load(Ordering::Acquire) == IDLE && in_initial_pid_ns()
+    SEARCH.is_idle() && in_initial_pid_ns()
 }
 
 /// Whether this process runs in the initial (host) pid namespace; true if it cannot tell.
