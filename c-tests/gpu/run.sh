@@ -101,6 +101,10 @@ if [ -x "$bin/t_limit" ]; then
     row c-limit-4g "$verdict" "$(grep -o '[0-9]* chunks of 64 MiB admitted ([0-9]* MiB) + context [0-9]* MiB' "$log" | head -1); $detail"
     step paths 120 CUDA_DEVICE_MEMORY_LIMIT=4g HK_LIMIT=4g -- "$bin/t_paths"
     row c-every-path "$verdict" "$detail"
+    # What the driver spends on odd-sized cuMemAlloc against what the region counts (the
+    # hammer's excess in run 11).
+    step alloc-cost 60 CUDA_DEVICE_MEMORY_LIMIT=8g -- "$bin/t_alloc_cost"
+    row c-alloc-cost "$verdict" "$(grep -o '[0-9]* held ([0-9]* MiB asked): counted [0-9]* MiB, the driver [0-9]* MiB' "$log" | head -1); $detail"
     step resolve 60 CUDA_DEVICE_MEMORY_LIMIT=4g -- "$bin/t_resolve"
     row c-dlsym-procaddr "$verdict" "$detail"
     step multi-8 180 CUDA_DEVICE_MEMORY_LIMIT=8g HK_LIMIT=8g HK_PROCS=8 -- "$bin/t_multi"

@@ -99,6 +99,8 @@ t_unshared hostpid-pidns 120 "--pid --fork --mount-proc" \
     CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m HAMI_CONTEXT_SIZE=64m -- "$build/t_hostpid"
 # NVML's process queries inside the container: its processes under its pids, nobody else's.
 t procs 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m FAKE_NVML_PID_OFFSET=10000000 -- "$build/t_procs"
+# The driver never spends more on an odd-sized allocation than the region counts.
+t alloc-cost 60 CUDA_DEVICE_MEMORY_LIMIT=8g FAKE_CTX_BYTES=64m -- "$build/t_alloc_cost"
 if command -v python3 >/dev/null; then
     # Under HAMi's monitor (a port of its Go feedback loop and metric reads): SM limit and
     # priority between containers, the metrics, the bytes it reads, suspend/resume.
