@@ -81,7 +81,6 @@ pub fn known() -> Option<u32> {
 pub(crate) fn after_fork() {
     FOUND.store(0, Ordering::Relaxed);
     STATE.store(IDLE, Ordering::Relaxed);
-    crate::capi::forget_host_pid();
 }
 
 /// NVML's process list for region device `dev`.
