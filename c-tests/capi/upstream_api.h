@@ -140,8 +140,9 @@ int init_device_info(void);
 int load_env_from_file(char *filename);
 int comparelwr(const char *s1, char *s2);
 
-/* Defined upstream in the utilisation watcher rather than this file's .c; in our library the
- * CUDA/NVML hooks provide them. */
+/* Defined upstream in the utilisation watcher rather than this file's .c. Our library exports
+ * the two maps (numbering devices as its hooks do); it does not export setspec (its SM limiter
+ * sizes itself), so a caller of setspec does not link. */
 unsigned int nvml_to_cuda_map(unsigned int nvmldev);
 unsigned int cuda_to_nvml_map(unsigned int cudadev);
 int setspec(void);

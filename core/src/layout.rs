@@ -308,6 +308,14 @@ impl DeviceUtil {
 }
 
 impl<const DEVS: usize> ProcSlot<DEVS> {
+    /// Zeroes the slot's NVML-reported usage (`monitorused`), as HAMi-core's `set_host_pid` does
+    /// when the slot gets a host pid: samples taken under another pid do not belong to it.
+    pub fn clear_monitor_usage(&self) {
+        for m in &self.monitorused {
+            m.store(0, Ordering::Relaxed);
+        }
+    }
+
     fn zeroed() -> Self {
         ProcSlot {
             pid: AtomicI32::new(0),
@@ -362,6 +370,24 @@ impl<const SLOTS: usize, const DEVS: usize> Region<SLOTS, DEVS> {
     /// The slots that may be in use, `[0, proc_num)`, bounded.
     pub fn live_range(&self) -> &[ProcSlot<DEVS>] {
         &self.procs[..self.proc_num_bounded()]
+    }
+
+    /// Records the GPUs' UUIDs as HAMi-core's `init_device_info` does: each `(index, uuid)` into
+    /// its entry (text, then zeros to the end of the 96 bytes; an index the region does not have
+    /// is skipped), then `device_num = count` (at most `DEVS`) with release, so that a reader of
+    /// `device_num` sees the entries. Every process naming the same GPUs writes the same bytes.
+    pub fn record_devices<'a>(
+        &self,
+        uuids: impl IntoIterator<Item = (usize, &'a [u8])>,
+        count: usize,
+    ) {
+        for (index, uuid) in uuids {
+            if let Some(entry) = self.uuids.get(index) {
+                entry.store(uuid);
+            }
+        }
+        self.device_num
+            .store(count.min(DEVS) as u64, Ordering::Release);
     }
 }
 
@@ -463,6 +489,22 @@ mod tests {
         let b = bytes(&u);
         assert!(b[..UUID_LEN - 1].iter().all(|&c| c == b'x'));
         assert_eq!(b[UUID_LEN - 1], 0);
+    }
+
+    #[test]
+    fn recorded_devices_skip_indices_beyond_the_region() {
+        let r = Region::<1, 2>::zeroed();
+        r.uuids[1].text[50].store(0xAA, Ordering::Relaxed);
+        r.record_devices(
+            [(1, &b"GPU-b"[..]), (0, &b"GPU-a"[..]), (2, &b"GPU-c"[..])],
+            3,
+        );
+        assert_eq!(r.device_num.load(Ordering::Relaxed), 2);
+        let mut want = [0u8; UUID_LEN];
+        want[..5].copy_from_slice(b"GPU-a");
+        assert_eq!(bytes(&r.uuids[0]), want);
+        want[4] = b'b';
+        assert_eq!(bytes(&r.uuids[1]), want);
     }
 
     #[test]

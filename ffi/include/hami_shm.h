@@ -27,35 +27,10 @@
 
 
 /*
- Success.
+ What `cuda_to_nvml_map` and `nvml_to_cuda_map` return for a device with no counterpart
+ (`(unsigned)-1`, as upstream's `nvml_to_cuda_map`).
  */
-#define HAMI_OK 0
-
-/*
- `hami_reserve`: the request would take the device's usage over its limit; nothing reserved.
- */
-#define HAMI_REFUSED -1
-
-/*
- `hami_lock_region`: a live process held the region lock past the timeout.
- */
-#define HAMI_TIMEOUT -1
-
-/*
- An argument out of range (device, kind, timeout), no usable region, no slot for this process,
- or a corrupt semaphore; nothing was changed.
- */
-#define HAMI_ERROR -2
-
-/*
- `hami_unlock_region`: this process does not hold the region lock; nothing was released.
- */
-#define HAMI_NOT_HELD -3
-
-/*
- `hami_lock_region`: the calling thread already holds the region lock (it is not recursive).
- */
-#define HAMI_ALREADY_HELD -4
+#define HAMI_NO_DEVICE UINT32_MAX
 
 /*
  How long `lock_shrreg` waits for the region lock before giving up (upstream: forever for a
@@ -84,6 +59,53 @@
  faults are retried; a full file system would fault forever).
  */
 #define MAX_RETRIES 64
+
+/*
+ What the `hami_` functions return (as `int`): one value per meaning. These are our own
+ primitives (HAMi-core has no `hami_` functions and no named codes; its C API returns 0 or -1,
+ which the functions of its names here keep). -1, upstream's generic failure, stays with
+ `HAMI_REFUSED`, the refusal of `hami_reserve`, which is the analogue of upstream's failed
+ allocation; `HAMI_TIMEOUT` was -1 too until it got a value of its own, -5, so that a caller
+ can tell a refusal from a timeout by value.
+ */
+enum hami_status_t
+#if __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Success.
+   */
+  HAMI_OK = 0,
+  /*
+   `hami_reserve`: the request would take the device's usage over its limit; nothing
+   reserved.
+   */
+  HAMI_REFUSED = -1,
+  /*
+   An argument out of range (device, kind, timeout), no usable region, no slot for this
+   process, or a corrupt semaphore; nothing was changed.
+   */
+  HAMI_ERROR = -2,
+  /*
+   `hami_unlock_region`: this process does not hold the region lock; nothing was released.
+   */
+  HAMI_NOT_HELD = -3,
+  /*
+   `hami_lock_region`: the calling thread already holds the region lock (it is not
+   recursive).
+   */
+  HAMI_ALREADY_HELD = -4,
+  /*
+   `hami_lock_region`: a live process held the region lock past the timeout.
+   */
+  HAMI_TIMEOUT = -5,
+};
+#if __STDC_VERSION__ >= 202311L
+typedef enum hami_status_t hami_status_t;
+#else
+typedef int32_t hami_status_t;
+#endif // __STDC_VERSION__ >= 202311L
 
 /*
  Timing of [`acquire`]. The defaults suit slot-table changes, which take microseconds.
@@ -482,15 +504,18 @@ int get_current_device_sm_limit(int dev);
 int set_current_device_sm_limit_scale(int dev, int scale);
 
 /*
- Records `hostpid` (the pid NVML reports for this process; 0 = unknown) in this process's slot,
- zeroes its NVML-reported usage, then calls the hooks' `setspec` as upstream does. Returns 0,
- or -1 if this process has no slot or `hostpid < 0`.
+ Records `hostpid` (the pid NVML reports for this process; 0 = unknown) in this process's slot
+ and zeroes its NVML-reported usage. Returns 0, or -1 if this process has no slot or
+ `hostpid < 0`. Upstream then calls `setspec` to size its SM limiter; ours sizes itself from
+ measurement and needs no such step, so nothing else happens.
  */
 int set_host_pid(int hostpid);
 
 /*
- Notes whether this process's slot carries a host pid (upstream's `pidfound`, readable from
- Rust as `host_pid_found`). Returns 0, as upstream.
+ Returns 0 and does nothing else. Upstream sets its process-local `pidfound` here when the
+ slot carries a host pid, and its SM limiter waits for that flag; ours does not wait for a
+ host pid (it throttles from the first launch), so there is nothing to note. Kept so that C
+ callers link.
  */
 int update_host_pid(void);
 
@@ -587,11 +612,28 @@ int shrreg_major_version(void);
 int shrreg_minor_version(void);
 
 /*
- Writes the device count and UUIDs (from NVML, through the hooks) into the region. Returns 0;
- without NVML (no UUID source installed, or NVML failing) it writes nothing and returns 0 too,
- logging once. Each 96-byte entry holds the UUID (at most 95 bytes) and zeros after it.
+ Writes the device count (`device_num`) and every NVML device's UUID into the region, as the
+ hooks publish them: each 96-byte entry holds the UUID text (at most 95 bytes) and zeros after
+ it, which HAMi's monitor compares whole. Returns 0, or -1 without NVML, writing nothing
+ (upstream returns NVML's error code there, also non-zero; it is not kept here).
  */
 int init_device_info(void);
+
+/*
+ The region (NVML) index of CUDA device `cudadev`, mapped as the hooks map it (by UUID, else by
+ `CUDA_VISIBLE_DEVICES` entry, an index or a UUID, else identity), or `(unsigned)-1`
+ (`HAMI_NO_DEVICE`) when it has none below 16. Upstream indexes an array filled from
+ `CUDA_VISIBLE_DEVICES` indices only (a UUID entry became 0) and does not check `cudadev`.
+ */
+unsigned int cuda_to_nvml_map(unsigned int cudadev);
+
+/*
+ The lowest CUDA device that `cuda_to_nvml_map` maps to NVML device `nvmldev`, or
+ `(unsigned)-1` (`HAMI_NO_DEVICE`) when none does (the GPU is not visible to CUDA here), as
+ upstream. The CUDA devices searched are the driver's count once it is initialised, else as
+ many as `CUDA_VISIBLE_DEVICES` lists, else as many as NVML has (upstream: NVML's count).
+ */
+unsigned int nvml_to_cuda_map(unsigned int nvmldev);
 
 /*
  Reads `KEY=VALUE` lines from `filename` and **sets them in the process environment**
@@ -642,7 +684,7 @@ uint64_t hami_device_usage(int dev);
 
 /*
  Takes the region lock, waiting at most `timeout_ms` (0: one attempt), recovering it from a
- dead holder. Returns `HAMI_OK`; `HAMI_TIMEOUT` (-1) if a live process held it throughout;
+ dead holder. Returns `HAMI_OK`; `HAMI_TIMEOUT` (-5) if a live process held it throughout;
  `HAMI_ALREADY_HELD` (-4) if the calling thread holds it; `HAMI_ERROR` (-2) for a negative
  timeout, no region, or a corrupt semaphore. Held until `hami_unlock_region` (or
  `unlock_shrreg`), which any thread of this process may call; it is not inherited by fork.

@@ -53,29 +53,72 @@ const WAIT_NS: u64 = 20_000_000_000;
 
 /// The region device of CUDA ordinal `ordinal`, or `None` if it is not accounted.
 pub fn region_index(rt: &Runtime, ordinal: CUdevice) -> Option<usize> {
-    let Ok(o) = usize::try_from(ordinal) else {
-        return None;
-    };
+    let idx = nvml_index(rt, ordinal);
+    if idx.is_none() && UNMAPPED_DEVICE.first() {
+        log_warn!(
+            "CUDA device {ordinal} has no device index below {ABI_DEVS} in the shared region; \
+             its memory is not accounted"
+        );
+    }
+    idx
+}
+
+/// [`region_index`] without its warning, for queries (`cuda_to_nvml_map`).
+pub fn nvml_index(rt: &Runtime, ordinal: CUdevice) -> Option<usize> {
+    let o = usize::try_from(ordinal).ok()?;
+    Some(usize::from(mapped(rt, o))).filter(|&i| i < ABI_DEVS)
+}
+
+/// The map's entry for CUDA ordinal `o` (computing the map if the driver is ready, else the
+/// fallback), [`UNMAPPED`] or an index that may be beyond the region; no warning.
+fn mapped(rt: &Runtime, o: usize) -> u8 {
     if !MAP_STATE.is_done() {
         ensure_map(rt);
     }
-    let idx = if MAP_STATE.is_done() {
+    if MAP_STATE.is_done() {
         MAP.get(o)
             .map(|m| m.load(Ordering::Relaxed))
             .unwrap_or(UNMAPPED)
     } else {
         fallback(rt, o, None).unwrap_or(UNMAPPED)
+    }
+}
+
+/// The lowest CUDA ordinal that maps to region (NVML) device `idx`, or `None` if none does
+/// (the GPU is not visible to CUDA in this process). The ordinals searched are the driver's
+/// count once it answers, else as many as `CUDA_VISIBLE_DEVICES` lists, else as many as NVML
+/// has devices, else the region's 16.
+pub fn ordinal_of(rt: &Runtime, idx: usize) -> Option<usize> {
+    (0..ordinal_count(rt)).find(|&o| usize::from(mapped(rt, o)) == idx)
+}
+
+/// How many CUDA ordinals there are, as far as this process can tell (see [`ordinal_of`]).
+fn ordinal_count(rt: &Runtime) -> usize {
+    let mut n: c_int = 0;
+    // SAFETY: the real cuDeviceGetCount writing one int into a local.
+    let driver = real::cuDeviceGetCount
+        .get()
+        .filter(|f| unsafe { f(&mut n) }.ok());
+    let count = match (driver, &rt.config.visible_devices) {
+        (Some(_), _) => usize::try_from(n).unwrap_or(0),
+        (None, Some(list)) => list.len(),
+        (None, None) => match nvml_uuids().len() {
+            0 => ABI_DEVS,
+            n => n,
+        },
     };
-    if usize::from(idx) >= ABI_DEVS {
-        if UNMAPPED_DEVICE.first() {
-            log_warn!(
-                "CUDA device {ordinal} has no device index below {ABI_DEVS} in the shared region; \
-                 its memory is not accounted"
-            );
-        }
+    count.min(MAX_ORDINALS)
+}
+
+/// Records every NVML device's UUID in the region (HAMi-core's `init_device_info`), whether or
+/// not a process did before; returns how many devices NVML has, or `None` (nothing written)
+/// when NVML is not available.
+pub fn record_uuids(rt: &Runtime) -> Option<usize> {
+    let nvml = nvml_uuids();
+    if nvml.is_empty() {
         return None;
     }
-    Some(usize::from(idx))
+    Some(write_uuids(rt, nvml))
 }
 
 /// The region device of the current context's device.
@@ -449,15 +492,19 @@ fn published_uuids(rt: &Runtime) -> Vec<NvmlDev> {
 /// Records the NVML devices' UUIDs in the region (HAMi's monitor reads them), if no process has
 /// yet. Every process would write the same bytes.
 fn publish_uuids(rt: &Runtime, nvml: &[NvmlDev]) {
-    let region = rt.region;
-    if nvml.is_empty() || region.device_num.load(Ordering::Relaxed) != 0 {
+    if nvml.is_empty() || rt.region.device_num.load(Ordering::Relaxed) != 0 {
         return;
     }
-    let n = nvml.len().min(ABI_DEVS);
-    for d in nvml.iter().filter(|d| d.index < ABI_DEVS) {
-        region.uuids[d.index].store(d.uuid.as_bytes());
-    }
-    region.device_num.store(n as u64, Ordering::Release);
+    write_uuids(rt, nvml);
+}
+
+/// Writes `nvml`'s UUIDs and device count into the region; returns the count (one past the
+/// highest NVML index).
+fn write_uuids(rt: &Runtime, nvml: &[NvmlDev]) -> usize {
+    let count = nvml.iter().map(|d| d.index + 1).max().unwrap_or(0);
+    rt.region
+        .record_devices(nvml.iter().map(|d| (d.index, d.uuid.as_bytes())), count);
+    count
 }
 
 /// Granularity cache per CUDA ordinal (0 = not known yet).

@@ -78,7 +78,6 @@ pub fn known() -> Option<u32> {
 pub(crate) fn after_fork() {
     FOUND.store(0, Ordering::Relaxed);
     SEARCH.reset();
-    crate::capi::forget_host_pid();
 }
 
 /// NVML's process list for region device `dev`.
