@@ -41,7 +41,7 @@ use hami_shm::slots;
 
 use crate::config::UtilPolicy;
 use crate::hooks::devices;
-use crate::log::{self, log_error, log_info, log_warn};
+use crate::log::{self, log_error, log_info, log_warn, Once};
 use crate::platform::{monotonic_ns, LinuxPlatform};
 use crate::runtime::{self, Runtime};
 
@@ -109,24 +109,19 @@ fn ffi<R>(fallback: R, body: impl FnOnce() -> R) -> R {
 // Helpers.
 
 /// Messages this module prints once per process.
-static ONCE: AtomicU64 = AtomicU64::new(0);
-const ONCE_BAD_DEV: u64 = 1 << 0;
-const ONCE_BAD_KIND: u64 = 1 << 1;
-const ONCE_UNLOCK_NOT_HELD: u64 = 1 << 2;
-const ONCE_POSTINIT_NOT_HELD: u64 = 1 << 3;
-const ONCE_NO_NVML: u64 = 1 << 4;
-const ONCE_NO_RUNTIME: u64 = 1 << 5;
-const ONCE_NO_SLOT_FOR_PID: u64 = 1 << 6;
-
-fn once(bit: u64) -> bool {
-    ONCE.fetch_or(bit, Ordering::Relaxed) & bit == 0
-}
+static BAD_DEV: Once = Once::new();
+static BAD_KIND: Once = Once::new();
+static UNLOCK_NOT_HELD: Once = Once::new();
+static POSTINIT_NOT_HELD: Once = Once::new();
+static NO_NVML: Once = Once::new();
+static NO_RUNTIME: Once = Once::new();
+static NO_SLOT_FOR_PID: Once = Once::new();
 
 /// The runtime (initialising it on first use). `None` inside our own initialisation, or if the
 /// region could not be set up in time.
 fn rt() -> Option<&'static Runtime> {
     let rt = runtime::get();
-    if rt.is_none() && once(ONCE_NO_RUNTIME) {
+    if rt.is_none() && NO_RUNTIME.first() {
         log_warn!("the HAMi C API was called before the shared region could be set up; it returns its error values");
     }
     rt
@@ -138,7 +133,7 @@ fn getpid() -> i32 {
 }
 
 fn bad_dev(dev: c_int) {
-    if once(ONCE_BAD_DEV) {
+    if BAD_DEV.first() {
         log_error!("device {dev} is out of range (0..{ABI_DEVS}); the call does nothing");
     }
 }
@@ -163,7 +158,7 @@ fn region_dev_of_cuda(rt: &Runtime, dev: c_int) -> Option<usize> {
 
 fn kind_of(kind: c_int) -> Option<Kind> {
     let k = Kind::from_c(kind);
-    if k.is_none() && once(ONCE_BAD_KIND) {
+    if k.is_none() && BAD_KIND.first() {
         log_error!(
             "memory type {kind} is not 0 (context), 1 (module) or 2 (data); the call does nothing"
         );
@@ -385,7 +380,7 @@ pub extern "C" fn lock_shrreg() {
 #[no_mangle]
 pub extern "C" fn unlock_shrreg() {
     ffi((), || {
-        if unlock_region() == HAMI_NOT_HELD && once(ONCE_UNLOCK_NOT_HELD) {
+        if unlock_region() == HAMI_NOT_HELD && UNLOCK_NOT_HELD.first() {
             log_warn!(
                 "unlock_shrreg: this process does not hold the region lock; nothing released"
             );
@@ -451,7 +446,7 @@ pub extern "C" fn unlock_postinit() {
         match rt() {
             Some(rt) if ours => rt.platform.sem_post(&rt.region.sem_postinit),
             _ => {
-                if !ours && once(ONCE_POSTINIT_NOT_HELD) {
+                if !ours && POSTINIT_NOT_HELD.first() {
                     log_warn!("unlock_postinit: this process does not hold sem_postinit; nothing released");
                 }
             }
@@ -525,7 +520,7 @@ fn record(pid: i32, dev: c_int, usage: usize, kind: c_int, add: bool) -> c_int {
         return -1;
     };
     let Some(i) = slot_index_of_pid(rt, pid) else {
-        if once(ONCE_NO_SLOT_FOR_PID) {
+        if NO_SLOT_FOR_PID.first() {
             log_warn!("no slot in the shared region for pid {pid}; usage not recorded (said once)");
         }
         return -1;
@@ -1086,7 +1081,7 @@ pub extern "C" fn init_device_info() -> c_int {
                 0
             }
             None => {
-                if once(ONCE_NO_NVML) {
+                if NO_NVML.first() {
                     log_warn!("init_device_info: NVML is not available; device UUIDs not recorded");
                 }
                 -1

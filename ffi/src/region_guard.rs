@@ -89,9 +89,9 @@ static REPAIRED: AtomicU64 = AtomicU64::new(0);
 /// A repair not yet taken by [`take_truncation_event`].
 static PENDING: AtomicBool = AtomicBool::new(false);
 /// Whether the one line about a truncation was logged.
-static LOGGED_TRUNCATION: AtomicBool = AtomicBool::new(false);
+static LOGGED_TRUNCATION: log::Once = log::Once::new();
 /// Whether the one line about zero pages mapped over a region was logged.
-static LOGGED_DETACHED: AtomicBool = AtomicBool::new(false);
+static LOGGED_DETACHED: log::Once = log::Once::new();
 
 /// A registered mapping; unregistered on drop (before the caller unmaps it).
 #[derive(Debug)]
@@ -237,7 +237,7 @@ fn repair(e: &'static Entry) {
     PENDING.store(true, Ordering::Release);
     if !fixed {
         detach(e);
-    } else if !LOGGED_TRUNCATION.swap(true, Ordering::Relaxed) {
+    } else if LOGGED_TRUNCATION.first() {
         with_path(e, |p| {
             log::emit(
                 Level::Warn,
@@ -281,7 +281,7 @@ fn detach(e: &'static Entry) {
             0,
         )
     };
-    if p != libc::MAP_FAILED && !LOGGED_DETACHED.swap(true, Ordering::Relaxed) {
+    if p != libc::MAP_FAILED && LOGGED_DETACHED.first() {
         with_path(e, |path| {
             log::emit(
                 Level::Warn,
@@ -377,7 +377,7 @@ pub fn same_file(fd: RawFd, path: &Path) -> Option<bool> {
 /// leaked; the library leaks one).
 static LIBRARY_REGION: Mutex<Option<(RawFd, PathBuf)>> = Mutex::new(None);
 static LAST_REPLACED_CHECK_NS: AtomicU64 = AtomicU64::new(0);
-static LOGGED_REPLACED: AtomicBool = AtomicBool::new(false);
+static LOGGED_REPLACED: log::Once = log::Once::new();
 
 /// Records the region the process keeps for its life (`RegionFile::leak`).
 pub(crate) fn set_library_region(fd: RawFd, path: &Path) {
@@ -407,7 +407,7 @@ pub fn check_replaced(now_ns: u64) -> bool {
     if same_file(fd, &path) != Some(false) {
         return false;
     }
-    if !LOGGED_REPLACED.swap(true, Ordering::Relaxed) {
+    if LOGGED_REPLACED.first() {
         crate::log::log_warn!(
             "{}: the shared region file was replaced or removed after this process attached; \
              it keeps using (and enforcing its limit in) the file it opened, but processes \
