@@ -15,6 +15,7 @@
 //! - [`admission`]: reserve/release against the limit across processes.
 //! - [`bucket`]: the region-wide SM token bucket and its controller.
 //! - [`context`]: admitting a CUDA context at its real cost, learnt once per device.
+//! - [`fields`]: the named operations on single fields, the inspector's header.
 //! - [`envparse`]: HAMi-core's size syntax (`1g`, `1024m`, `0x...`), strictly.
 #![no_std]
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod admission;
 pub mod bucket;
 pub mod context;
 pub mod envparse;
+pub mod fields;
 pub mod init;
 pub mod layout;
 pub mod lock;

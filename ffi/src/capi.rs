@@ -23,6 +23,7 @@
 //! defined outcome instead; each function's documentation (copied into `hami_shm.h`) says so.
 
 use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
+use std::num::NonZeroU64;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -187,7 +188,7 @@ fn slot_index_of_pid(rt: &'static Runtime, pid: i32) -> Option<usize> {
     rt.region
         .live_range()
         .iter()
-        .position(|s| s.pid.load(Ordering::Acquire) == pid)
+        .position(|s| s.pid_acquire() == pid)
 }
 
 /// Slots in use (pid set) whose owner is another process that is alive in our PID namespace.
@@ -499,9 +500,7 @@ fn clear_with(
     }
     let mut cleaned = false;
     for s in rt.region.live_range() {
-        if s.pid.load(Ordering::Acquire) == 0
-            && s.used.iter().any(|m| m.total.load(Ordering::Relaxed) != 0)
-        {
+        if s.pid_acquire() == 0 && s.has_recorded_usage() {
             seqlock::force_zero(s);
             cleaned = true;
         }
@@ -594,7 +593,7 @@ pub extern "C" fn get_current_device_memory_usage(dev: c_int) -> u64 {
 #[no_mangle]
 pub extern "C" fn get_current_device_memory_limit(dev: c_int) -> u64 {
     ffi(0, || match (rt(), region_dev(dev)) {
-        (Some(rt), Some(d)) => rt.region.limit[d].load(Ordering::Relaxed),
+        (Some(rt), Some(d)) => rt.region.limit(d).map_or(0, NonZeroU64::get),
         _ => 0,
     })
 }
@@ -606,7 +605,7 @@ pub extern "C" fn set_current_device_memory_limit(dev: c_int, newlimit: usize) -
     ffi(-1, || match (rt(), region_dev(dev)) {
         (Some(rt), Some(d)) => {
             log_info!("device {d}: memory limit set to {newlimit} bytes");
-            rt.region.limit[d].store(newlimit as u64, Ordering::Relaxed);
+            rt.region.set_limit(d, newlimit as u64);
             0
         }
         _ => -1,
@@ -622,8 +621,8 @@ pub extern "C" fn get_current_device_memory_monitor(dev: c_int) -> u64 {
             .region
             .live_range()
             .iter()
-            .filter(|s| s.pid.load(Ordering::Relaxed) != 0)
-            .map(|s| s.monitorused[d].load(Ordering::Relaxed))
+            .filter(|s| s.pid() != 0)
+            .map(|s| s.monitor_used(d))
             .fold(0u64, u64::saturating_add),
         _ => 0,
     })
@@ -634,9 +633,10 @@ fn slot_of_hostpid(rt: &'static Runtime, hostpid: i32) -> Option<&'static Shared
     if hostpid <= 0 {
         return None;
     }
-    rt.region.live_range().iter().find(|s| {
-        s.pid.load(Ordering::Acquire) != 0 && s.hostpid.load(Ordering::Acquire) == hostpid
-    })
+    rt.region
+        .live_range()
+        .iter()
+        .find(|s| s.pid_acquire() != 0 && s.hostpid_acquire() == hostpid)
 }
 
 /// Stores the NVML-reported usage of region device `dev` into the slot whose host pid is
@@ -650,7 +650,7 @@ pub extern "C" fn set_gpu_device_memory_monitor(hostpid: i32, dev: c_int, monito
         };
         match slot_of_hostpid(rt, hostpid) {
             Some(s) => {
-                s.monitorused[d].store(monitor as u64, Ordering::Relaxed);
+                s.set_monitor_used(d, monitor as u64);
                 1
             }
             None => 0,
@@ -672,9 +672,7 @@ pub extern "C" fn set_gpu_device_sm_utilization(
         };
         match slot_of_hostpid(rt, hostpid) {
             Some(s) => {
-                s.device_util[d]
-                    .sm_util
-                    .store(u64::from(sm_util), Ordering::Relaxed);
+                s.set_sm_util(d, u64::from(sm_util));
                 1
             }
             None => 0,
@@ -692,12 +690,7 @@ pub extern "C" fn init_gpu_device_utilization() -> c_int {
             return 0;
         };
         for s in rt.region.live_range() {
-            for m in &s.monitorused {
-                m.store(0, Ordering::Relaxed);
-            }
-            for u in &s.device_util {
-                u.sm_util.store(0, Ordering::Relaxed);
-            }
+            s.clear_samples();
         }
         1
     })
@@ -711,9 +704,7 @@ pub extern "C" fn init_gpu_device_utilization() -> c_int {
 #[no_mangle]
 pub extern "C" fn get_current_device_sm_limit(dev: c_int) -> c_int {
     ffi(-1, || match (rt(), region_dev(dev)) {
-        (Some(rt), Some(d)) => {
-            c_int::try_from(rt.region.sm_limit[d].load(Ordering::Relaxed)).unwrap_or(c_int::MAX)
-        }
+        (Some(rt), Some(d)) => c_int::try_from(rt.region.sm_limit(d)).unwrap_or(c_int::MAX),
         _ => -1,
     })
 }
@@ -733,15 +724,7 @@ pub extern "C" fn set_current_device_sm_limit_scale(dev: c_int, scale: c_int) ->
         if scale == 0 {
             return -1;
         }
-        let first = rt
-            .region
-            .sm_init_flag
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if first {
-            let _ = rt.region.sm_limit[d].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
-                Some(l.saturating_mul(scale))
-            });
+        if rt.region.scale_sm_limit_once(d, scale) {
             log_info!("device {d}: SM limit multiplied by {scale}");
         }
         0
@@ -768,7 +751,7 @@ pub extern "C" fn set_host_pid(hostpid: c_int) -> c_int {
             log_error!("set_host_pid: this process has no slot in the shared region");
             return -1;
         };
-        slot.hostpid.store(hostpid, Ordering::Release);
+        slot.set_hostpid(hostpid);
         host_pid_recorded(slot, hostpid);
         0
     })
@@ -835,16 +818,14 @@ pub(crate) fn record_kernel_launch(rt: &Runtime) {
     {
         return;
     }
-    rt.region.last_kernel_time.fetch_max(now, Ordering::AcqRel);
+    rt.region.note_kernel_time(now);
 }
 
 /// The region's `recent_kernel` (the priority gate HAMi's monitor also writes); 0 without a
 /// region.
 #[no_mangle]
 pub extern "C" fn get_recent_kernel() -> c_int {
-    ffi(0, || {
-        rt().map_or(0, |rt| rt.region.recent_kernel.load(Ordering::SeqCst))
-    })
+    ffi(0, || rt().map_or(0, |rt| rt.region.recent_kernel()))
 }
 
 /// Stores `value` into the region's `recent_kernel`. Returns 0 (-1 without a region).
@@ -852,7 +833,7 @@ pub extern "C" fn get_recent_kernel() -> c_int {
 pub extern "C" fn set_recent_kernel(value: c_int) -> c_int {
     ffi(-1, || match rt() {
         Some(rt) => {
-            rt.region.recent_kernel.store(value, Ordering::SeqCst);
+            rt.region.set_recent_kernel(value);
             0
         }
         None => -1,
@@ -862,9 +843,7 @@ pub extern "C" fn set_recent_kernel(value: c_int) -> c_int {
 /// The region's task priority (`CUDA_TASK_PRIORITY` of the initialiser); 1 without a region.
 #[no_mangle]
 pub extern "C" fn get_current_priority() -> c_int {
-    ffi(1, || {
-        rt().map_or(1, |rt| rt.region.priority.load(Ordering::Relaxed))
-    })
+    ffi(1, || rt().map_or(1, |rt| rt.region.priority()))
 }
 
 /// -1: not read yet; else what `set_env_utilization_switch` returned last (0, 1 or 2).
@@ -893,7 +872,7 @@ pub extern "C" fn get_utilization_switch() -> c_int {
         match env_util_switch(rt) {
             1 => 1,
             2 => 0,
-            _ => rt.map_or(0, |rt| rt.region.utilization_switch.load(Ordering::Relaxed)),
+            _ => rt.map_or(0, |rt| rt.region.utilization_switch()),
         }
     })
 }
@@ -924,9 +903,7 @@ fn change_status_all(from: i32, to: i32, sig: c_int) {
     };
     fresh_identity(rt);
     for (s, pid) in live_peers(rt) {
-        let _ = s
-            .status
-            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = s.change_status(from, to);
         if slots::slot_owner(s).tag() == 0 {
             log_info!("sending signal {sig} to {pid}");
             // SAFETY: kill with a positive pid signals that one process only.
@@ -960,7 +937,7 @@ pub extern "C" fn resume_all() {
 #[no_mangle]
 pub extern "C" fn wait_status_self(status: c_int) -> c_int {
     ffi(-1, || match rt().and_then(own_slot) {
-        Some(s) => c_int::from(s.status.load(Ordering::Acquire) == status),
+        Some(s) => c_int::from(s.status_acquire() == status),
         None => -1,
     })
 }
@@ -976,7 +953,7 @@ pub extern "C" fn wait_status_all(status: c_int) -> c_int {
         };
         let start = monotonic_ns();
         loop {
-            if live_peers(rt).all(|(s, _)| s.status.load(Ordering::Acquire) == status) {
+            if live_peers(rt).all(|(s, _)| s.status_acquire() == status) {
                 return 1;
             }
             if monotonic_ns().saturating_sub(start) >= ms_to_ns(HAMI_WAIT_STATUS_ALL_MS) {
@@ -1001,26 +978,17 @@ pub extern "C" fn print_all() {
         let live = rt.region.live_range();
         log_info!("Total process: {}", live.len());
         for (i, s) in live.iter().enumerate() {
-            let pid = s.pid.load(Ordering::Relaxed);
+            let pid = s.pid();
             if pid == 0 {
                 continue;
             }
             log_info!(
                 "slot {i}: process {pid} hostPid: {}, status: {}",
-                s.hostpid.load(Ordering::Relaxed),
-                s.status.load(Ordering::Relaxed)
+                s.hostpid(),
+                s.status()
             );
             for d in 0..ABI_DEVS {
-                let (Some(mem), Some(util), Some(mon)) =
-                    (s.used.get(d), s.device_util.get(d), s.monitorused.get(d))
-                else {
-                    continue;
-                };
-                let (record, sm, monitor) = (
-                    mem.total.load(Ordering::Relaxed),
-                    util.sm_util.load(Ordering::Relaxed),
-                    mon.load(Ordering::Relaxed),
-                );
+                let (record, sm, monitor) = (s.recorded_total(d), s.sm_util(d), s.monitor_used(d));
                 if record != 0 || sm != 0 || monitor != 0 {
                     log_info!("  device {d}: sm: {sm}, memory: {monitor}, record: {record}");
                 }

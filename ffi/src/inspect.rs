@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
-use std::sync::atomic::Ordering;
+use std::num::NonZeroU64;
 
 /// hami-shm, re-exported so that `shrreg-tool` names every region type through this crate.
 /// Under `cargo test` the package's library is built twice (panic=abort for the binary, unwind
@@ -30,7 +30,7 @@ pub use hami_shm as shm;
 
 use hami_shm::admission;
 use hami_shm::layout::{
-    Ext, RawSem, Region, EXT_MAGIC, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
+    DeviceUuid, Ext, RawSem, Region, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
     STATUS_EXITED, STATUS_RUNNING, STATUS_SUSPENDED,
 };
 use hami_shm::platform::{Liveness, ProcId};
@@ -68,7 +68,7 @@ pub struct SemState {
 impl SemState {
     /// Reads the semaphore's bytes (plain loads; the mapping may be read-only).
     pub fn read(sem: &RawSem) -> SemState {
-        let data = sem.words[0].load(Ordering::Relaxed);
+        let data = sem.data_word();
         SemState {
             value: data as u32,
             waiters: (data >> 32) as u32,
@@ -288,32 +288,29 @@ pub fn ext_snapshot(ext: &Ext) -> ExtReport {
         .buckets
         .iter()
         .enumerate()
-        .map(|(device, b)| BucketReport {
-            device,
-            tokens: b.tokens.load(Ordering::Relaxed) as i64,
-            rate: b.rate.load(Ordering::Relaxed),
-            spent: b.spent.load(Ordering::Relaxed),
-            lease_pid: (b.lease.load(Ordering::Relaxed) >> 32) as u32,
+        .map(|(device, b)| {
+            let s = b.state();
+            BucketReport {
+                device,
+                tokens: s.tokens as i64,
+                rate: s.rate,
+                spent: s.spent,
+                lease_pid: (s.lease >> 32) as u32,
+            }
         })
         .filter(|b| b.tokens != 0 || b.rate != 0 || b.spent != 0 || b.lease_pid != 0)
         .collect();
     ExtReport {
-        marked: ext.magic.load(Ordering::Acquire) == EXT_MAGIC,
-        version: ext.version.load(Ordering::Relaxed),
+        marked: ext.marked(),
+        version: ext.version(),
         buckets,
     }
 }
 
 /// The bytes of a region UUID entry's NUL-terminated text (without the NUL).
-pub(crate) fn uuid_bytes(text: &[hami_shm::sync::DataAtomicU8]) -> Vec<u8> {
-    text.iter()
-        .map(|b| b.load(Ordering::Relaxed))
-        .take_while(|&b| b != 0)
-        .collect()
-}
-
-fn uuid_string(text: &[hami_shm::sync::DataAtomicU8]) -> String {
-    String::from_utf8_lossy(&uuid_bytes(text)).into_owned()
+fn uuid_bytes(uuid: &DeviceUuid) -> Vec<u8> {
+    let (text, len) = uuid.load();
+    text[..len].to_vec()
 }
 
 /// Takes a snapshot of `region`. `liveness` judges a process (normally `LinuxPlatform`'s, in the
@@ -324,22 +321,21 @@ pub fn snapshot<const S: usize, const D: usize>(
     liveness: &dyn Fn(ProcId) -> Liveness,
     tool_pid: i32,
 ) -> Report {
-    let limits: Vec<u64> = region
-        .limit
-        .iter()
-        .map(|l| l.load(Ordering::Relaxed))
+    let h = region.header();
+    let limits: Vec<u64> = (0..D)
+        .map(|d| region.limit(d).map_or(0, NonZeroU64::get))
         .collect();
     let devices = (0..D)
         .map(|d| Device {
             index: d,
-            uuid: uuid_string(&region.uuids[d].text),
-            uuid_bytes: uuid_bytes(&region.uuids[d].text),
+            uuid: String::from_utf8_lossy(&uuid_bytes(&region.uuids[d])).into_owned(),
+            uuid_bytes: uuid_bytes(&region.uuids[d]),
             limit: limits[d],
-            sm_limit: region.sm_limit[d].load(Ordering::Relaxed),
+            sm_limit: region.sm_limit(d),
             used: admission::device_usage(region, d),
         })
         .collect();
-    let owner_raw = region.owner_pid.load(Ordering::Acquire);
+    let owner_raw = h.owner_pid;
     let owner_id = ProcId(owner_raw);
     let owner = Owner {
         raw: owner_raw,
@@ -359,7 +355,7 @@ pub fn snapshot<const S: usize, const D: usize>(
                         device: d,
                         usage,
                         consistent,
-                        sm_util: slot.device_util[d].sm_util.load(Ordering::Relaxed),
+                        sm_util: slot.sm_util(d),
                     };
                     (!du.is_zero() || limits[d] != 0).then_some(du)
                 })
@@ -368,9 +364,9 @@ pub fn snapshot<const S: usize, const D: usize>(
                 index,
                 pid: id.pid(),
                 tag: id.tag(),
-                hostpid: slot.hostpid.load(Ordering::Relaxed),
-                status: slot.status.load(Ordering::Relaxed),
-                seqlock: slot.seqlock.load(Ordering::Acquire),
+                hostpid: slot.hostpid(),
+                status: slot.status(),
+                seqlock: slot.seqlock_word(),
                 liveness: (id.pid() > 0).then(|| liveness(id)),
                 usage,
             }
@@ -381,19 +377,19 @@ pub fn snapshot<const S: usize, const D: usize>(
         region_size: Region::<S, D>::SIZE,
         slot_capacity: S,
         tool_pid,
-        initialized_flag: region.initialized_flag.load(Ordering::Acquire),
-        major: region.major_version.load(Ordering::Relaxed),
-        minor: region.minor_version.load(Ordering::Relaxed),
-        sm_init_flag: region.sm_init_flag.load(Ordering::Relaxed),
-        device_num: region.device_num.load(Ordering::Relaxed),
+        initialized_flag: h.initialized_flag,
+        major: h.major,
+        minor: h.minor,
+        sm_init_flag: h.sm_init_flag,
+        device_num: h.device_num,
         devices,
-        proc_num: region.proc_num.load(Ordering::Acquire),
+        proc_num: h.proc_num,
         owner,
         sem_postinit: SemState::read(&region.sem_postinit),
-        utilization_switch: region.utilization_switch.load(Ordering::Relaxed),
-        recent_kernel: region.recent_kernel.load(Ordering::Relaxed),
-        priority: region.priority.load(Ordering::Relaxed),
-        last_kernel_time: region.last_kernel_time.load(Ordering::Relaxed),
+        utilization_switch: h.utilization_switch,
+        recent_kernel: h.recent_kernel,
+        priority: h.priority,
+        last_kernel_time: h.last_kernel_time,
         slots,
         ext: None,
     }

@@ -21,6 +21,7 @@
 //! (on a refusal, at start-up and in the usage views) takes the lock only if it is free.
 
 use std::cell::Cell;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -28,7 +29,7 @@ use hami_shm::admission::{self, OutOfMemory};
 use hami_shm::init::{self, InitOutcome, InitParams};
 use hami_shm::layout::{Ext, SharedRegion, ABI_DEVS};
 use hami_shm::lock::{self, LockConfig, LockError, OwnerGuard};
-use hami_shm::platform::{Platform, ProcId};
+use hami_shm::platform::Platform;
 use hami_shm::seqlock::Kind;
 use hami_shm::slots;
 use hami_shm::validate::Verdict;
@@ -260,7 +261,7 @@ fn warn_limit_mismatch(region: &SharedRegion, params: &InitParams<ABI_DEVS>) {
     // One entry per run of devices with the same values (usually all of them).
     let mut runs: Vec<(usize, usize, String)> = Vec::new();
     for d in 0..ABI_DEVS {
-        let theirs = region.limit[d].load(Ordering::Relaxed);
+        let theirs = region.limit(d).map_or(0, NonZeroU64::get);
         let mut what = Vec::new();
         if m.memory & (1 << d) != 0 {
             let applied = admission::stricter_limit(theirs, params.limits[d]);
@@ -275,7 +276,7 @@ fn warn_limit_mismatch(region: &SharedRegion, params: &InitParams<ABI_DEVS>) {
             what.push(format!(
                 "SM {}% here, {}% in the region, the region's applies",
                 params.sm_limits[d],
-                region.sm_limit[d].load(Ordering::Relaxed)
+                region.sm_limit(d)
             ));
         }
         let what = what.join(", ");
@@ -356,7 +357,7 @@ impl Runtime {
     pub fn own_slot(&self) -> Option<usize> {
         let cached = self.slot.load(Ordering::Relaxed);
         if let Some(s) = self.region.procs.get(cached) {
-            if s.pid.load(Ordering::Relaxed) == self.platform.self_id().pid() {
+            if s.pid() == self.platform.self_id().pid() {
                 return Some(cached);
             }
         }
@@ -412,7 +413,7 @@ impl Runtime {
                 "cannot register in {path}: its lock stayed held by pid {} for {} ms (a stopped \
                  or hung process; `shrreg-tool --print` shows it); GPU memory on devices with a \
                  limit is refused until the lock frees (tried again at each allocation)",
-                ProcId(self.region.owner_pid.load(Ordering::Relaxed)).pid(),
+                self.region.owner().pid(),
                 cfg.deadline_ns / 1_000_000
             ),
             Err(LockError::SemFailed) => log_error!(
@@ -505,7 +506,10 @@ impl Runtime {
     /// The memory limit that applies on region device `dev`: the stricter of the region's and
     /// this process's own; `None` if neither sets one.
     pub fn limit(&self, dev: usize) -> Option<u64> {
-        let region = self.region.limit.get(dev)?.load(Ordering::Relaxed);
+        if dev >= ABI_DEVS {
+            return None;
+        }
+        let region = self.region.limit(dev).map_or(0, NonZeroU64::get);
         let l = admission::stricter_limit(region, self.own_limit(dev));
         (l != 0).then_some(l)
     }
@@ -563,10 +567,10 @@ struct GpuHolders {
 
 impl GpuHolders {
     fn still_holds(&mut self, slot: &hami_shm::layout::SharedProcSlot) -> bool {
-        let host = slot.hostpid.load(Ordering::Relaxed);
-        let pid = slot.pid.load(Ordering::Relaxed);
+        let host = slot.hostpid();
+        let pid = slot.pid();
         (0..ABI_DEVS)
-            .filter(|&d| slot.used[d].total.load(Ordering::Relaxed) != 0)
+            .filter(|&d| slot.recorded_total(d) != 0)
             .any(|d| {
                 let listed = self.lists[d].get_or_insert_with(|| {
                     crate::hooks::host_pid::processes(d)

@@ -56,7 +56,7 @@ pub fn start(rt: &'static Runtime, source: UtilSource) {
     let _ = SOURCE.set(source);
     let mut mask = 0u32;
     for d in 0..ABI_DEVS {
-        let l = rt.region.sm_limit[d].load(Ordering::Relaxed);
+        let l = rt.region.sm_limit(d);
         if l > 0 && l < 100 && rt.config.util_policy != UtilPolicy::Disable {
             mask |= 1 << d;
         }
@@ -91,7 +91,7 @@ fn switch_on(rt: &Runtime) -> bool {
     match rt.config.util_policy {
         UtilPolicy::Force => true,
         UtilPolicy::Disable => false,
-        UtilPolicy::Default => rt.region.utilization_switch.load(Ordering::Relaxed) != 0,
+        UtilPolicy::Default => rt.region.utilization_switch() != 0,
     }
 }
 
@@ -99,8 +99,7 @@ fn switch_on(rt: &Runtime) -> bool {
 /// active. Never stores over a -1: the mark is a CAS from the value seen, and a launch that waited
 /// [`GATE_MAX_NS`] goes on without it. One relaxed load when already marked.
 fn priority_gate(rt: &Runtime) {
-    let rk = &rt.region.recent_kernel;
-    let mut seen = rk.load(Ordering::Relaxed);
+    let mut seen = rt.region.kernel_gate();
     if seen == ACTIVE {
         return;
     }
@@ -118,10 +117,10 @@ fn priority_gate(rt: &Runtime) {
                 return;
             }
             rt.platform.sleep_ns(10_000_000);
-            seen = rk.load(Ordering::Relaxed);
+            seen = rt.region.kernel_gate();
         }
     }
-    let _ = rk.compare_exchange(seen, ACTIVE, Ordering::Relaxed, Ordering::Relaxed);
+    let _ = rt.region.mark_kernel_active(seen, ACTIVE);
 }
 
 fn controller_loop(rt: &'static Runtime, mask: u32) {
@@ -139,7 +138,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         let used = mask & USED.load(Ordering::Relaxed);
         for dev in (0..ABI_DEVS).filter(|d| used & (1 << d) != 0) {
             let b = &rt.ext.buckets[dev];
-            let spent = b.spent.load(Ordering::Relaxed);
+            let spent = b.spent();
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
             if counted & (1 << dev) == 0 {
@@ -161,9 +160,8 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 );
             }
             let starved = bucket::held_back(b, now);
-            let limit = rt.region.sm_limit[dev].load(Ordering::Relaxed);
-            let c = controllers[dev]
-                .get_or_insert_with(|| Controller::resume(limit, b.rate.load(Ordering::Relaxed)));
+            let limit = rt.region.sm_limit(dev);
+            let c = controllers[dev].get_or_insert_with(|| Controller::resume(limit, b.rate()));
             let set = c.step(Sample {
                 util,
                 consumed,

@@ -5,8 +5,6 @@
 //! and the wait is bounded: after [`SUSPEND_MAX_NS`] the call goes on, with one warning, because
 //! a suspender that died would otherwise hang the program for good.
 
-use std::sync::atomic::Ordering;
-
 use hami_shm::layout::STATUS_SUSPENDED;
 use hami_shm::platform::Platform;
 
@@ -31,7 +29,7 @@ pub fn wait_while_suspended(rt: &Runtime) {
 fn suspended(rt: &Runtime) -> bool {
     rt.own_slot()
         .and_then(|s| rt.region.procs.get(s))
-        .is_some_and(|p| p.status.load(Ordering::Relaxed) == STATUS_SUSPENDED)
+        .is_some_and(|p| p.status() == STATUS_SUSPENDED)
 }
 
 #[cold]

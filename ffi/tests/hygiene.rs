@@ -91,3 +91,177 @@ fn initialisation_keeps_umask_cwd_and_application_handlers() {
     assert_eq!(mode, 0o666);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Fields of the region's `#[repr(C)]` types (`Region`, `ProcSlot`, `DeviceMemory`,
+/// `DeviceUtil`, `DeviceUuid`, `RawSem`, `Ext`, `SmBucket`). Every operation on them is core's
+/// (`hami_shm::fields` and the protocol modules); ffi calls those.
+const REGION_FIELDS: &[&str] = &[
+    "initialized_flag",
+    "major_version",
+    "minor_version",
+    "sm_init_flag",
+    "owner_pid",
+    "sem",
+    "device_num",
+    "uuids",
+    "limit",
+    "sm_limit",
+    "procs",
+    "proc_num",
+    "utilization_switch",
+    "recent_kernel",
+    "priority",
+    "last_kernel_time",
+    "sem_postinit",
+    "pid",
+    "hostpid",
+    "used",
+    "monitorused",
+    "device_util",
+    "status",
+    "padding",
+    "seqlock",
+    "unused",
+    "context_size",
+    "module_size",
+    "data_size",
+    "offset",
+    "total",
+    "dec_util",
+    "enc_util",
+    "sm_util",
+    "text",
+    "words",
+    "magic",
+    "version",
+    "devs",
+    "buckets",
+    "context_cost",
+    "context_probe",
+    "reserved",
+    "tokens",
+    "rate",
+    "refilled_ns",
+    "lease",
+    "spent",
+];
+
+const ATOMIC_OPS: &[&str] = &["load(", "store(", "fetch_", "compare_exchange", "swap("];
+
+/// Atomic operations on region fields in `src` (whitespace removed first, so a chain split over
+/// lines counts): `.field` followed by any `[index]`es, then `.load(`, `.store(`, `.fetch_*`,
+/// `.compare_exchange*` or `.swap(`. Returns the 1-based lines and the matched text.
+fn region_atomic_ops(src: &str) -> Vec<(usize, String)> {
+    let (mut flat, mut line_of) = (Vec::new(), Vec::new());
+    let mut line = 1;
+    for c in src.chars() {
+        if c == '\n' {
+            line += 1;
+        }
+        if !c.is_whitespace() {
+            flat.push(c);
+            line_of.push(line);
+        }
+    }
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut hits = Vec::new();
+    for start in 0..flat.len() {
+        if flat[start] != '.' || start + 1 >= flat.len() || !ident(flat[start + 1]) {
+            continue;
+        }
+        let mut i = start + 1;
+        while i < flat.len() && ident(flat[i]) {
+            i += 1;
+        }
+        let field: String = flat[start + 1..i].iter().collect();
+        if !REGION_FIELDS.contains(&field.as_str()) {
+            continue;
+        }
+        while i < flat.len() && flat[i] == '[' {
+            let mut depth = 0;
+            while i < flat.len() {
+                match flat[i] {
+                    '[' => depth += 1,
+                    ']' => depth -= 1,
+                    _ => {}
+                }
+                i += 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+        }
+        if i >= flat.len() || flat[i] != '.' {
+            continue;
+        }
+        let rest: String = flat[i + 1..flat.len().min(i + 20)].iter().collect();
+        if ATOMIC_OPS.iter().any(|op| rest.starts_with(op)) {
+            let shown: String = flat[start..flat.len().min(i + 20)].iter().collect();
+            hits.push((line_of[start], shown));
+        }
+    }
+    hits
+}
+
+/// ffi makes no atomic operation on region bytes: it calls core's named operations instead
+/// (issue "Seal the region"). The scan is syntactic, so it cannot see an atomic reached through
+/// a binding (`let x = &region.f; x.load(..)`); none exists today, and review keeps it so.
+///
+/// Exempt: `#[cfg(test)]` modules (from the line that opens one to the end of the file): their
+/// fixtures write a private `Region::zeroed()` of their own to set a scene, shared with nobody.
+#[test]
+fn ffi_makes_no_atomic_operation_on_region_fields() {
+    fn rs_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                rs_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    rs_files(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    assert!(files.len() > 20, "the scan found ffi/src");
+    let mut found = Vec::new();
+    for f in &files {
+        let src = std::fs::read_to_string(f).unwrap();
+        let src = src.split("#[cfg(test)]").next().unwrap_or("");
+        for (line, what) in region_atomic_ops(src) {
+            found.push(format!("{}:{line}: {what}", f.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "ffi operates on region fields directly; use (or add) a named operation in core \
+         (hami_shm::fields or the protocol's module):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_region_field_scan_sees_real_sites() {
+    let planted = [
+        "rt.region.utilization_switch.load(Ordering::Relaxed)",
+        "rt.region.sm_limit[d].load(Ordering::Relaxed)",
+        "slot.device_util[d].sm_util.store(0, Ordering::Relaxed)",
+        "rt\n    .region\n    .sm_init_flag\n    .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)",
+        "rt.region.last_kernel_time.fetch_max(now, Ordering::AcqRel)",
+        "b.lease.swap(0, Ordering::Relaxed)",
+    ];
+    for p in planted {
+        assert_eq!(region_atomic_ops(p).len(), 1, "{p}");
+    }
+    for fine in [
+        "self.slot.load(Ordering::Relaxed)",
+        "ENTRIES[self.0].base.store(FREE, Ordering::Release)",
+        "rt.region.limit(d)",
+        "slot.set_sm_util(d, 0)",
+    ] {
+        assert!(region_atomic_ops(fine).is_empty(), "{fine}");
+    }
+}

@@ -26,11 +26,10 @@
 //! context is re-created on next use.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::Ordering;
 
 use hami_shm::admission::OutOfMemory;
 use hami_shm::context::{self, Admitted, ContextCell, Steps};
-use hami_shm::platform::{Platform, ProcId};
+use hami_shm::platform::Platform;
 use hami_shm::seqlock::Kind;
 
 use crate::log::{log_debug, log_warn};
@@ -56,7 +55,7 @@ fn my_pid(rt: &Runtime) -> u32 {
     host_pid::known()
         .or_else(|| {
             let slot = rt.own_slot().and_then(|s| rt.region.procs.get(s))?;
-            let h = slot.hostpid.load(Ordering::Acquire);
+            let h = slot.hostpid_acquire();
             (h > 0).then_some(h as u32)
         })
         .unwrap_or_else(|| rt.platform.self_id().pid() as u32)
@@ -197,7 +196,7 @@ fn create_counted(
             (refused(what, dev, needed, oom), 0)
         }
         Admitted::TimedOut => {
-            let holder = ProcId(probe.load(Ordering::Acquire)).pid();
+            let holder = rt.ext.context_prober(dev).pid();
             log_warn!(
                 "Device {dev} OOM: {what} refused: process {holder} has been measuring the first \
                  context on this device for {} s (stopped or hung?); resume or end it and retry",

@@ -475,11 +475,12 @@ fn report_indices_beyond(rt: &Runtime, count: usize) {
 /// process has published them yet).
 fn published_uuids(rt: &Runtime) -> Vec<NvmlDev> {
     let region = rt.region;
-    let n = (region.device_num.load(Ordering::Acquire) as usize).min(ABI_DEVS);
-    (0..n)
+    (0..region.device_count())
         .filter_map(|i| {
-            let text = crate::inspect::uuid_bytes(&region.uuids[i].text);
-            let uuid = String::from_utf8(text).ok().filter(|u| !u.is_empty())?;
+            let (text, len) = region.uuid(i)?;
+            let uuid = String::from_utf8(text[..len].to_vec())
+                .ok()
+                .filter(|u| !u.is_empty())?;
             Some(NvmlDev {
                 index: i,
                 uuid,
@@ -492,7 +493,7 @@ fn published_uuids(rt: &Runtime) -> Vec<NvmlDev> {
 /// Records the NVML devices' UUIDs in the region (HAMi's monitor reads them), if no process has
 /// yet. Every process would write the same bytes.
 fn publish_uuids(rt: &Runtime, nvml: &[NvmlDev]) {
-    if nvml.is_empty() || rt.region.device_num.load(Ordering::Relaxed) != 0 {
+    if nvml.is_empty() || rt.region.devices_recorded() {
         return;
     }
     write_uuids(rt, nvml);

@@ -203,8 +203,8 @@ fn claimed_by_others<const S: usize, const D: usize>(
         .live_range()
         .iter()
         .enumerate()
-        .filter(|&(i, s)| i != mine && s.pid.load(Ordering::SeqCst) != 0)
-        .map(|(_, s)| s.hostpid.load(Ordering::SeqCst))
+        .filter(|&(i, _)| i != mine)
+        .filter_map(|(_, s)| s.claimed_hostpid())
         .filter(|&h| h > 0)
         .map(|h| h as u32)
         .collect()
@@ -212,9 +212,11 @@ fn claimed_by_others<const S: usize, const D: usize>(
 
 /// Whether another live slot has no host pid yet (a peer that may be looking right now).
 fn peers_looking<const S: usize, const D: usize>(region: &Region<S, D>, mine: usize) -> bool {
-    region.live_range().iter().enumerate().any(|(i, s)| {
-        i != mine && s.pid.load(Ordering::Relaxed) != 0 && s.hostpid.load(Ordering::Relaxed) == 0
-    })
+    region
+        .live_range()
+        .iter()
+        .enumerate()
+        .any(|(i, s)| i != mine && s.pid() != 0 && s.hostpid() == 0)
 }
 
 /// How a claim ended.
@@ -238,18 +240,11 @@ fn claim<const S: usize, const D: usize>(region: &Region<S, D>, mine: usize, pid
     if v == 0 {
         return Claim::Impossible;
     }
-    match slot
-        .hostpid
-        .compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst)
-    {
-        Ok(_) => {}
-        Err(cur) if cur == v => {}
-        Err(cur) => return Claim::Preset(cur as u32),
+    if let Err(cur) = slot.claim_hostpid(v) {
+        return Claim::Preset(cur as u32);
     }
     if claimed_by_others(region, mine).contains(&pid) {
-        let _ = slot
-            .hostpid
-            .compare_exchange(v, 0, Ordering::SeqCst, Ordering::SeqCst);
+        slot.withdraw_hostpid(v);
         return Claim::Conflict;
     }
     Claim::Won
@@ -401,12 +396,7 @@ fn search(
         let Some(mine) = rt.own_slot() else {
             return (Err(Failure::NoSlot), last);
         };
-        if let Some(h) = rt
-            .region
-            .procs
-            .get(mine)
-            .map(|s| s.hostpid.load(Ordering::Acquire))
-        {
+        if let Some(h) = rt.region.procs.get(mine).map(|s| s.hostpid_acquire()) {
             if h > 0 {
                 return (Ok((h as u32, "preset")), last);
             }

@@ -148,10 +148,10 @@ fn now_us() -> u64 {
 fn container_pids(rt: &Runtime) -> HashSet<u32> {
     let mut s = HashSet::new();
     for slot in rt.region.live_range() {
-        let pid = slot.pid.load(Ordering::Relaxed);
+        let pid = slot.pid();
         if pid != 0 {
             s.insert(pid as u32);
-            let host = slot.hostpid.load(Ordering::Relaxed);
+            let host = slot.hostpid();
             if host != 0 {
                 s.insert(host as u32);
             }
@@ -185,20 +185,18 @@ fn container_share(per_pid: &HashMap<u32, f64>) -> Option<f64> {
 /// its container metric) from the samples: the slot's host pid's share, else its pid's, else 0.
 fn publish_sm_util(rt: &Runtime, dev: usize, per_pid: &HashMap<u32, f64>) {
     for slot in rt.region.live_range() {
-        let pid = slot.pid.load(Ordering::Relaxed);
+        let pid = slot.pid();
         if pid == 0 {
             continue;
         }
-        let host = slot.hostpid.load(Ordering::Relaxed);
+        let host = slot.hostpid();
         let util = [host, pid]
             .iter()
             .filter(|&&p| p != 0)
             .find_map(|&p| per_pid.get(&(p as u32)))
             .copied()
             .unwrap_or(0.0);
-        if let Some(u) = slot.device_util.get(dev) {
-            u.sm_util.store(util.round() as u64, Ordering::Relaxed);
-        }
+        slot.set_sm_util(dev, util.round() as u64);
     }
 }
 

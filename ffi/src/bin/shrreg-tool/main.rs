@@ -13,19 +13,16 @@ use std::io::Read as _;
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 // hami-shm through vgpu's re-export, never directly: see `vgpu::inspect::shm`.
 use vgpu::config::{self, Config};
 use vgpu::inspect::shm::init::{self, InitOutcome, InitParams};
 use vgpu::inspect::shm::layout::{
-    SharedProcSlot, SharedRegion, ABI_DEVS, ABI_SLOTS, STATUS_EXITED, STATUS_RUNNING,
-    STATUS_SUSPENDED,
+    SharedProcSlot, SharedRegion, ABI_DEVS, ABI_SLOTS, STATUS_RUNNING, STATUS_SUSPENDED,
 };
 use vgpu::inspect::shm::lock::{self, LockConfig, LockError};
 use vgpu::inspect::shm::platform::{Liveness, Platform, ProcId};
-use vgpu::inspect::shm::seqlock;
 use vgpu::inspect::shm::slots;
 use vgpu::inspect::shm::validate::{self, Verdict, HEADER_LEN};
 use vgpu::inspect::{self, FileInfo, Finding, Report, SemState};
@@ -514,14 +511,14 @@ fn reap_cmd(path: &Path) -> Result<u8, Fail> {
         )));
     }
     let platform = LinuxPlatform::new(file.fd(), SharedRegion::SIZE);
-    let owner_before = ProcId(region.owner_pid.load(Ordering::SeqCst));
+    let owner_before = region.owner();
     let owner_was_dead =
         owner_before.pid() > 0 && platform.liveness(owner_before) == Liveness::Dead;
     let before: Vec<ProcId> = region.live_range().iter().map(slots::slot_owner).collect();
     let leftovers_before = region
         .live_range()
         .iter()
-        .filter(|s| s.pid.load(Ordering::Relaxed) == 0 && has_usage(s))
+        .filter(|s| s.pid() == 0 && s.has_recorded_usage())
         .count();
     let cfg = LockConfig {
         deadline_ns: LOCK_DEADLINE_NS,
@@ -543,7 +540,7 @@ fn reap_cmd(path: &Path) -> Result<u8, Fail> {
         .live_range()
         .iter()
         .zip(&before)
-        .filter(|(s, was)| was.pid() != 0 && s.pid.load(Ordering::Relaxed) == 0)
+        .filter(|(s, was)| was.pid() != 0 && s.pid() == 0)
         .map(|(_, was)| was.pid().to_string())
         .collect();
     if owner_was_dead {
@@ -570,16 +567,10 @@ fn reap_cmd(path: &Path) -> Result<u8, Fail> {
     Ok(EXIT_OK)
 }
 
-fn has_usage(slot: &SharedProcSlot) -> bool {
-    slot.used
-        .iter()
-        .any(|m| m.total.load(Ordering::Relaxed) != 0)
-}
-
 fn lock_error(shown: &str, region: &SharedRegion, e: LockError) -> Fail {
     match e {
         LockError::Timeout => {
-            let owner = ProcId(region.owner_pid.load(Ordering::SeqCst));
+            let owner = region.owner();
             let holder = if owner.pid() > 0 {
                 format!("pid {}", owner.pid())
             } else {
@@ -821,16 +812,8 @@ fn set_status_of_ours(
     }
     let file = open_rw(path)?;
     for (i, slot) in file.region().live_range().iter().enumerate() {
-        if ours(slot)
-            && slot
-                .status
-                .compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            println!(
-                "slot {i}: pid {}: status {from} -> {to}",
-                slot.pid.load(Ordering::Relaxed)
-            );
+        if ours(slot) && slot.change_status(from, to) {
+            println!("slot {i}: pid {}: status {from} -> {to}", slot.pid());
         }
     }
     Ok(())
@@ -849,18 +832,7 @@ fn init_params(config: &Config) -> InitParams<ABI_DEVS> {
 /// Frees every slot of the table: pid, identity, status, host pid, usage and NVML figures.
 fn clear_slots(region: &SharedRegion) {
     for slot in &region.procs {
-        slot.pid.store(0, Ordering::Release);
-        seqlock::force_zero(slot);
-        slot.seqlock.store(0, Ordering::Relaxed);
-        slot.hostpid.store(0, Ordering::Relaxed);
-        slot.status.store(STATUS_EXITED, Ordering::Relaxed);
-        slot.unused[0].store(0, Ordering::Relaxed);
-        for m in &slot.monitorused {
-            m.store(0, Ordering::Relaxed);
-        }
-        for u in &slot.device_util {
-            u.sm_util.store(0, Ordering::Relaxed);
-        }
+        slot.reset();
     }
 }
 
@@ -946,7 +918,7 @@ fn create_new_cmd(path: &Path, force: bool) -> Result<u8, Fail> {
     // owner_pid = 0 and sem_init of both semaphores. The record lock is the process's, so
     // ensure_initialised taking it again succeeds at once; its unlock ends our hold, after
     // which nothing more is written.
-    region.initialized_flag.store(0, Ordering::SeqCst);
+    region.mark_uninitialised();
     clear_slots(region);
     let outcome = init::ensure_initialised(region, &platform, &params, LOCK_DEADLINE_NS);
     platform.init_unlock();
