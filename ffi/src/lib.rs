@@ -1,14 +1,14 @@
 //! libvgpu.so: HAMi-core's preload library, in Rust.
-pub mod capi;
+pub(crate) mod capi;
 pub mod config;
-pub mod hooks;
+pub(crate) mod hooks;
 pub mod inspect;
 pub mod log;
 pub(crate) mod one_time;
 pub mod platform;
-pub mod process;
+pub(crate) mod process;
 pub mod region_file;
 pub mod region_guard;
 pub mod runtime;
-pub mod sm_limit;
-pub mod suspend;
+pub(crate) mod sm_limit;
+pub(crate) mod suspend;

@@ -187,11 +187,6 @@ impl<F: Copy> Real<F> {
         }
         f
     }
-
-    /// The symbol's name.
-    pub fn name(&self) -> &'static CStr {
-        self.name
-    }
 }
 
 macro_rules! real_fns {

@@ -225,11 +225,6 @@ pub fn remove_context(ctx: usize, mut release: impl FnMut(Key, Record)) {
     }
 }
 
-/// Number of records (for tests and diagnostics).
-pub fn len() -> usize {
-    TABLE.iter().map(|s| s.with(|m| m.len())).sum()
-}
-
 /// Takes every lock of the tables across `fork` (released by the after-fork handlers, so the
 /// guards are forgotten here).
 extern "C" fn before_fork() {

@@ -16,12 +16,8 @@ pub struct CUresult(pub c_int);
 impl CUresult {
     /// `CUDA_SUCCESS`.
     pub const SUCCESS: CUresult = CUresult(0);
-    /// `CUDA_ERROR_INVALID_VALUE`.
-    pub const INVALID_VALUE: CUresult = CUresult(1);
     /// `CUDA_ERROR_OUT_OF_MEMORY`.
     pub const OUT_OF_MEMORY: CUresult = CUresult(2);
-    /// `CUDA_ERROR_NOT_INITIALIZED`.
-    pub const NOT_INITIALIZED: CUresult = CUresult(3);
     /// `CUDA_ERROR_NOT_FOUND`: what a hook returns when the driver lacks the function.
     pub const NOT_FOUND: CUresult = CUresult(500);
     /// `CUDA_ERROR_UNKNOWN`: what a hook returns if its body failed unexpectedly.
@@ -238,8 +234,6 @@ pub struct NvmlReturn(pub c_int);
 impl NvmlReturn {
     /// `NVML_SUCCESS`.
     pub const SUCCESS: NvmlReturn = NvmlReturn(0);
-    /// `NVML_ERROR_INVALID_ARGUMENT`.
-    pub const INVALID_ARGUMENT: NvmlReturn = NvmlReturn(2);
     /// `NVML_ERROR_INSUFFICIENT_SIZE`.
     pub const INSUFFICIENT_SIZE: NvmlReturn = NvmlReturn(7);
     /// `NVML_ERROR_NOT_FOUND`.
