@@ -1,6 +1,7 @@
 //! libvgpu.so: HAMi-core's preload library, in Rust.
 pub(crate) mod capi;
 pub mod config;
+pub(crate) mod fork;
 pub(crate) mod hooks;
 pub mod inspect;
 pub mod log;

@@ -62,7 +62,9 @@ extern "C" fn on_terminating_signal(sig: libc::c_int) {
     unsafe { libc::raise(sig) };
 }
 
-extern "C" fn in_forked_child() {
+/// In a forked child (atomics only): the exit handler's slot and the runtime's identity are the
+/// parent's.
+pub(crate) fn after_fork() {
     EXIT_SLOT.store(usize::MAX, Ordering::Relaxed);
     if let Some(rt) = runtime::existing() {
         rt.mark_forked();
@@ -76,9 +78,7 @@ pub(crate) fn install(_rt: &'static Runtime) {
         // SAFETY: registers a plain `extern "C"` function that never unwinds; atexit has no
         // other preconditions.
         unsafe { libc::atexit(at_exit) };
-        // SAFETY: as for atexit: a plain `extern "C"` child handler that never unwinds, no
-        // prepare or parent handler; pthread_atfork has no other preconditions.
-        unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+        crate::fork::install();
         for sig in TERMINATING {
             install_if_default(sig);
         }

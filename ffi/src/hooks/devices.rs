@@ -177,7 +177,7 @@ pub fn nvml_init() -> bool {
         1 => true,
         2 => false,
         _ => {
-            super::table::install_fork_handlers();
+            crate::fork::install();
             let t0 = crate::platform::monotonic_ns();
             let ok = real::nvmlInit_v2
                 .get()

@@ -4,15 +4,14 @@
 //!
 //! Sixteen shards, each a short spin lock over a hash map, so threads allocating at once rarely
 //! meet; a critical section is one map operation. A fork copies the maps in whatever state the
-//! other threads left them: `pthread_atfork` takes every shard before the fork and releases them
-//! after it in both processes, and the child then forgets every record (a CUDA context does not
-//! survive fork; the child accounts afresh in its own slot).
+//! other threads left them: the fork handlers (`crate::fork`) take every shard before the fork
+//! and release them after it in both processes, and the child then forgets every record (a CUDA
+//! context does not survive fork; the child accounts afresh in its own slot).
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Once;
 
 use hami_shm::seqlock::Kind;
 
@@ -130,7 +129,7 @@ impl Shard {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Map) -> R) -> R {
-        install_fork_handlers();
+        crate::fork::install();
         let _held = crate::runtime::spin_lock(&self.locked);
         // SAFETY: we hold the shard's lock, so no other reference to the map exists.
         f(unsafe { &mut *self.map.get() })
@@ -159,7 +158,7 @@ static POOLS: PoolShard = PoolShard {
 /// reserve in the region and call the real `cuMemPoolTrimTo`, so a pool's model and its
 /// accounting change together).
 pub fn with_pools<R>(f: impl FnOnce(&mut PoolMap) -> R) -> R {
-    install_fork_handlers();
+    crate::fork::install();
     let _held = crate::runtime::spin_lock(&POOLS.locked);
     // SAFETY: we hold the pools' lock, so no other reference to the map exists.
     f(unsafe { &mut *POOLS.map.get() })
@@ -227,23 +226,23 @@ pub fn remove_context(ctx: usize, mut release: impl FnMut(Key, Record)) {
 
 /// Takes every lock of the tables across `fork` (released by the after-fork handlers, so the
 /// guards are forgotten here).
-extern "C" fn before_fork() {
+pub(crate) fn before_fork() {
     std::mem::forget(crate::runtime::spin_lock(&POOLS.locked));
     for s in &TABLE {
         std::mem::forget(crate::runtime::spin_lock(&s.locked));
     }
 }
 
-extern "C" fn after_fork_parent() {
+/// Releases what [`before_fork`] took, in the parent.
+pub(crate) fn after_fork_parent() {
     for s in TABLE.iter().rev() {
         s.locked.store(false, Ordering::Release);
     }
     POOLS.locked.store(false, Ordering::Release);
 }
 
-extern "C" fn after_fork_child() {
-    super::host_pid::after_fork();
-    super::devices::after_fork();
+/// Empties the tables and releases what [`before_fork`] took, in the child.
+pub(crate) fn after_fork_child() {
     // SAFETY: the child has one thread and `before_fork` took the pools' lock, so nothing else
     // can reference the map. `clear` keeps the capacity and does not allocate.
     unsafe { (*POOLS.map.get()).clear() };
@@ -254,22 +253,4 @@ extern "C" fn after_fork_child() {
         unsafe { (*s.map.get()).clear() };
         s.locked.store(false, Ordering::Release);
     }
-}
-
-/// Registers the fork handlers (once; also called by the other per-process state's first use).
-pub(crate) fn install_fork_handlers() {
-    static ONCE: Once = Once::new();
-    if ONCE.is_completed() {
-        return;
-    }
-    ONCE.call_once(|| {
-        // SAFETY: registering three `extern "C"` functions that never unwind.
-        unsafe {
-            libc::pthread_atfork(
-                Some(before_fork),
-                Some(after_fork_parent),
-                Some(after_fork_child),
-            );
-        }
-    });
 }
