@@ -64,6 +64,18 @@ pub struct Listed {
     pub bytes: u64,
 }
 
+impl Listed {
+    /// The pid NVML reports for it: its host pid, or its own pid while the host pid is unknown
+    /// (a driver that reports the container's pids).
+    pub fn nvml_pid(&self) -> u32 {
+        if self.hostpid != 0 {
+            self.hostpid
+        } else {
+            self.pid
+        }
+    }
+}
+
 /// The region's processes that still run, with what each holds on device `dev`, in slot order.
 /// A process that is certainly dead is left out even before its slot is reaped.
 pub fn listed<'a, P: Platform, const S: usize, const D: usize>(

@@ -87,15 +87,8 @@ pub fn processes(dev: usize) -> Option<Vec<Proc>> {
         .get()
         .or_else(|| real::nvmlDeviceGetComputeRunningProcesses_v2.get());
     match v2 {
-        Some(f) => {
-            let all = nvml_procs::list_all(h, f).ok()?;
-            Some(all.iter().map(|p| (p.pid, p.used_gpu_memory)).collect())
-        }
-        None => {
-            let f = real::nvmlDeviceGetComputeRunningProcesses.get()?;
-            let all = nvml_procs::list_all(h, f).ok()?;
-            Some(all.iter().map(|p| (p.pid, p.used_gpu_memory)).collect())
-        }
+        Some(f) => nvml_procs::pids_and_bytes(h, f),
+        None => nvml_procs::pids_and_bytes(h, real::nvmlDeviceGetComputeRunningProcesses.get()?),
     }
 }
 

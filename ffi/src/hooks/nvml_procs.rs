@@ -21,7 +21,7 @@ use super::{active, guard, nvml, real};
 
 /// One entry of a process list, whatever its version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Entry {
+pub(crate) struct Entry {
     pid: u32,
     bytes: u64,
     gpu_instance: u32,
@@ -32,7 +32,7 @@ struct Entry {
 const NO_INSTANCE: u32 = u32::MAX;
 
 /// A process-list entry layout of one NVML version.
-trait ProcEntry: Copy + Default {
+pub(crate) trait ProcEntry: Copy + Default {
     fn entry(&self) -> Entry;
     fn from_entry(e: Entry) -> Self;
 }
@@ -77,13 +77,20 @@ impl ProcEntry for NvmlProcessInfo {
 pub(crate) type ListFn<E> = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut E) -> NvmlReturn;
 
 /// NVML's whole list for `h` from the real query `f`. `Err` is NVML's answer when it has none.
-pub(crate) fn list_all<E: Default + Clone>(
-    h: NvmlDevice,
-    f: ListFn<E>,
-) -> Result<Vec<E>, NvmlReturn> {
+fn list_all<E: Default + Clone>(h: NvmlDevice, f: ListFn<E>) -> Result<Vec<E>, NvmlReturn> {
     // SAFETY: the real query writes at most `*n` entries of its own layout `E` into `buf`, which
     // `growing` sizes to `*n`.
     growing(1 << 16, |buf: *mut E, n| unsafe { f(h, n, buf) })
+}
+
+/// NVML's whole list for `h` from the real query `f` of any version, as (pid, bytes) pairs.
+pub(crate) fn pids_and_bytes<E: ProcEntry>(h: NvmlDevice, f: ListFn<E>) -> Option<Vec<(u32, u64)>> {
+    let all = list_all(h, f).ok()?;
+    Some(
+        all.iter()
+            .map(|p| (p.entry().pid, p.entry().bytes))
+            .collect(),
+    )
 }
 
 /// Runs an NVML query that fills an array of up to `*n` entries (with `*n` in and out), growing
@@ -110,13 +117,6 @@ pub(crate) fn growing<E: Default + Clone>(
     Err(NvmlReturn::INSUFFICIENT_SIZE)
 }
 
-/// The NVML entry of the container's process `p`: by its host pid, or by its own pid while the
-/// host pid is unknown (a driver that reports the container's pids).
-fn nvml_entry_of<'a>(p: &Listed, nvml: &'a [Entry]) -> Option<&'a Entry> {
-    let key = if p.hostpid != 0 { p.hostpid } else { p.pid };
-    nvml.iter().find(|e| e.pid == key)
-}
-
 /// The container's view of one device's list: its processes that NVML lists (and, with
 /// `unlisted`, those that hold memory there although NVML does not list them), under the
 /// container's pids, with the bytes the region counts.
@@ -126,7 +126,7 @@ fn container_view(
     unlisted: bool,
 ) -> Vec<Entry> {
     ours.filter_map(|p| {
-        let listed = nvml_entry_of(&p, nvml);
+        let listed = nvml.iter().find(|e| e.pid == p.nvml_pid());
         if listed.is_none() && !(unlisted && p.bytes > 0) {
             return None;
         }
@@ -248,10 +248,7 @@ fn container_samples(
     samples
         .iter()
         .filter_map(|s| {
-            let p = ours.iter().find(|p| {
-                let key = if p.hostpid != 0 { p.hostpid } else { p.pid };
-                key == s.pid
-            })?;
+            let p = ours.iter().find(|p| p.nvml_pid() == s.pid)?;
             Some(NvmlProcessUtilSample { pid: p.pid, ..*s })
         })
         .collect()
