@@ -541,6 +541,59 @@ static nvmlReturn_t proc_util(nvmlDevice_t d, nvmlProcessUtilizationSample_t *ou
     return !out || n > had ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
 }
 
+/* Device samples (NVML_GPU_UTILIZATION_SAMPLES): one per DEVICE_SAMPLE_US of CLOCK_REALTIME,
+ * stamped at the end of its window with the device's busy share over that window, the last 2 s
+ * kept; those stamped after lastSeenTimeStamp, oldest first. A NULL buffer asks for the count. */
+#define DEVICE_SAMPLE_US 100000ULL
+#define DEVICE_SAMPLES_KEPT 20ULL
+static nvmlReturn_t device_samples(nvmlDevice_t d, nvmlSamplingType_t type,
+                                   unsigned long long last_seen, nvmlValueType_t *kind,
+                                   unsigned *count, nvmlSample_t *out)
+{
+    int i;
+    NV_DEVICE(d, i);
+    if (!count || !kind)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (type != NVML_GPU_UTILIZATION_SAMPLES)
+        return NVML_ERROR_NOT_SUPPORTED;
+    uint64_t now_us = fake_realtime_us(), now = fake_now_ns();
+    uint64_t newest = now_us / DEVICE_SAMPLE_US * DEVICE_SAMPLE_US;
+    uint64_t oldest = newest - (DEVICE_SAMPLES_KEPT - 1) * DEVICE_SAMPLE_US;
+    uint64_t after = (last_seen / DEVICE_SAMPLE_US + 1) * DEVICE_SAMPLE_US;
+    if (after > oldest)
+        oldest = after;
+    unsigned n = oldest <= newest ? (unsigned)((newest - oldest) / DEVICE_SAMPLE_US + 1) : 0;
+    *kind = NVML_VALUE_TYPE_UNSIGNED_INT;
+    if (n == 0) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!out) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (n > *count)
+        n = *count;
+    for (unsigned k = 0; k < n; k++) {
+        uint64_t stamp = oldest + k * DEVICE_SAMPLE_US;
+        uint64_t end = now - (now_us - stamp) * 1000ULL;
+        out[k].timeStamp = stamp;
+        out[k].sampleValue.ullVal = 0;
+        out[k].sampleValue.uiVal =
+            percent(device_busy(i, end - DEVICE_SAMPLE_US * 1000ULL, end), DEVICE_SAMPLE_US * 1000ULL);
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
+                                  unsigned long long lastSeenTimeStamp,
+                                  nvmlValueType_t *sampleValType, unsigned int *sampleCount,
+                                  nvmlSample_t *samples)
+{
+    NV_LOCKED(device_samples(device, type, lastSeenTimeStamp, sampleValType, sampleCount, samples));
+}
+
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
     NV_LOCKED(util_rates(device, utilization));

@@ -32,5 +32,6 @@ pub mod lock;
 pub mod platform;
 pub mod seqlock;
 pub mod slots;
+pub mod sm_controller;
 pub mod sync;
 pub mod validate;

@@ -1,7 +1,7 @@
 //! The SM-utilisation limit: kernel launches draw from the device's region-wide token bucket
 //! (`hami_shm::bucket`), and one controller per device, elected by a lease in the region, sets
 //! the refill rate from NVML utilisation samples and the region's exact count of blocks launched
-//! (the bucket's `spent`; see `hami_shm::bucket::Controller`). No lock is held across an NVML call
+//! (the bucket's `spent`; see `hami_shm::sm_controller::Controller`). No lock is held across an NVML call
 //! (the lease is a CAS, not a lock), and a process without a limit pays one relaxed load per
 //! launch.
 //!
@@ -19,9 +19,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use hami_shm::bucket::{self, Controller, Sample};
+use hami_shm::bucket;
 use hami_shm::layout::ABI_DEVS;
 use hami_shm::platform::Platform;
+use hami_shm::sm_controller::{Controller, Sample, PERIOD_NS};
 
 use crate::config::UtilPolicy;
 use crate::log::{self, log_debug, log_warn};
@@ -30,8 +31,6 @@ use crate::runtime::{self, Runtime};
 /// Bit `d` set: region device `d` has an SM limit below 100 (the one relaxed load of the
 /// unlimited path).
 static LIMITED: AtomicU32 = AtomicU32::new(0);
-/// Period of the controller.
-const PERIOD_NS: u64 = 200_000_000;
 /// Said once: NVML gives no utilisation for a limited device.
 static NO_UTILISATION: log::Once = log::Once::new();
 /// Longest the priority gate holds one launch; the monitor lifts it within a tick (5 s) of the
@@ -44,10 +43,20 @@ const ACTIVE: i32 = 2;
 /// Bit `d` set: this process has launched on region device `d` (the controller steers those).
 static USED: AtomicU32 = AtomicU32::new(0);
 
-/// Where the controller gets utilisation: percent of region device `dev` used by this
-/// container's processes over the last period, or `None` if unknown. Registered by the NVML
-/// hooks, which own the real NVML.
-pub type UtilSource = fn(dev: usize) -> Option<f64>;
+/// What NVML tells the controller about region device `dev` over the last period.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NvmlView {
+    /// Percent of the device used by this container's processes, if NVML can tell.
+    pub util: Option<f64>,
+    /// Percent of the device used by everyone, from NVML's timestamped device samples.
+    pub device_util: Option<f64>,
+    /// Whether processes outside the container hold the device.
+    pub others_present: bool,
+}
+
+/// Where the controller gets its NVML readings; registered by the NVML hooks, which own the
+/// real NVML.
+pub(crate) type UtilSource = fn(dev: usize) -> NvmlView;
 static SOURCE: OnceLock<UtilSource> = OnceLock::new();
 static STARTED: AtomicBool = AtomicBool::new(false);
 
@@ -150,8 +159,8 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 controllers[dev] = None;
                 continue;
             }
-            let util = SOURCE.get().and_then(|f| f(dev));
-            if util.is_none() && NO_UTILISATION.first() {
+            let view = SOURCE.get().map_or(NvmlView::default(), |f| f(dev));
+            if view.util.is_none() && NO_UTILISATION.first() {
                 log_warn!(
                     "SM limit of device {dev}: NVML reports no utilisation, so the limit holds \
                      on the rate of launched blocks alone (NVML's view of the GPU's time is not \
@@ -161,17 +170,22 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             }
             let starved = bucket::held_back(b, now);
             let limit = rt.region.sm_limit(dev);
-            let c = controllers[dev].get_or_insert_with(|| Controller::resume(limit, b.rate()));
+            let c = controllers[dev]
+                .get_or_insert_with(|| Controller::resume(limit, b.rate(), u64::from(me)));
             let set = c.step(Sample {
-                util,
+                util: view.util,
                 consumed,
                 period_ns,
                 starved,
+                device_util: view.device_util,
+                others_present: view.others_present,
             });
             bucket::set_rate(b, set.rate, set.forgive_debt);
             log_debug!(
-                "sm-limit device {dev}: utilisation {}% (limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s",
-                util.map_or(-1.0, f64::round),
+                "sm-limit device {dev}: utilisation {}% (device {}%{}, limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s",
+                view.util.map_or(-1.0, f64::round),
+                view.device_util.map_or(-1.0, f64::round),
+                if view.others_present { ", others present" } else { "" },
                 period_ns / 1_000_000,
                 if starved { " (held back)" } else { "" },
                 set.rate

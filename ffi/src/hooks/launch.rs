@@ -30,7 +30,7 @@ pub(crate) fn start_limiter(rt: &'static crate::runtime::Runtime) {
     if STARTED.load(Ordering::Relaxed) || STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
-    crate::sm_limit::start(rt, nvml::container_sm_util);
+    crate::sm_limit::start(rt, nvml::limiter_view);
 }
 
 fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {

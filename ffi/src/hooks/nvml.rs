@@ -8,7 +8,7 @@
 //! limit, or for a handle that has no NVML index (a MIG device), the real values pass through.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::c_uint;
+use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hami_shm::layout::ABI_DEVS;
@@ -212,11 +212,117 @@ pub(super) fn process_samples(
     super::nvml_procs::growing(4096, |buf, n| unsafe { f(h, buf, n, since) })
 }
 
+/// What the SM limiter reads from NVML for region device `dev` each period.
+pub(crate) fn limiter_view(dev: usize) -> crate::sm_limit::NvmlView {
+    crate::sm_limit::NvmlView {
+        util: container_sm_util(dev),
+        device_util: device_util(dev),
+        others_present: others_present(dev),
+    }
+}
+
+/// `nvmlSample_t`: a CPU timestamp (microseconds) and an 8-byte value union; utilisation
+/// samples are unsigned ints in its low bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct NvmlSample {
+    time_stamp: u64,
+    value: u64,
+}
+
+type SamplesFn = unsafe extern "C" fn(
+    NvmlDevice,
+    c_int,
+    u64,
+    *mut c_int,
+    *mut c_uint,
+    *mut NvmlSample,
+) -> NvmlReturn;
+
+static SAMPLES: real::Real<SamplesFn> = real::Real::new(&real::NVML, c"nvmlDeviceGetSamples");
+/// `NVML_GPU_UTILIZATION_SAMPLES`.
+const GPU_UTILIZATION_SAMPLES: c_int = 1;
+/// Newest device sample seen per device (microseconds).
+static LAST_DEVICE_SAMPLE: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
+
+/// The device's utilisation (percent, every process's) since the last call: the mean of NVML's
+/// device samples stamped since. An H200 keeps one per 200 ms, each over the 200 ms before its
+/// stamp, within milliseconds of the work (docs/gpu-results.md, run 12). `None` if there is no
+/// new sample or no such query.
+fn device_util(dev: usize) -> Option<f64> {
+    let h = devices::nvml_handle(dev)?;
+    let f = SAMPLES.get()?;
+    let last = LAST_DEVICE_SAMPLE.get(dev)?;
+    let since = match last.load(Ordering::Relaxed) {
+        0 => now_us().saturating_sub(1_000_000),
+        t => t,
+    };
+    let mut kind: c_int = 0;
+    let mut n: c_uint = 0;
+    // SAFETY: a null buffer asks only for the number of samples, written into a local.
+    let sized = unsafe {
+        f(
+            h,
+            GPU_UTILIZATION_SAMPLES,
+            since,
+            &mut kind,
+            &mut n,
+            std::ptr::null_mut(),
+        )
+    };
+    if !sized.ok() || n == 0 {
+        return None;
+    }
+    let mut buf = vec![NvmlSample::default(); n.min(4096) as usize];
+    let mut n = buf.len() as c_uint;
+    // SAFETY: the query writes at most `n` samples into `buf`, which holds `n`.
+    if !unsafe {
+        f(
+            h,
+            GPU_UTILIZATION_SAMPLES,
+            since,
+            &mut kind,
+            &mut n,
+            buf.as_mut_ptr(),
+        )
+    }
+    .ok()
+    {
+        return None;
+    }
+    buf.truncate(n as usize);
+    // Unused entries of the driver's ring come back stamped 0.
+    let fresh: Vec<f64> = buf
+        .iter()
+        .filter(|s| s.time_stamp > since)
+        .map(|s| f64::from((s.value as u32).min(100)))
+        .collect();
+    let newest = buf.iter().map(|s| s.time_stamp).max().unwrap_or(0);
+    if newest > since {
+        last.store(newest, Ordering::Relaxed);
+    }
+    (!fresh.is_empty()).then(|| fresh.iter().sum::<f64>() / fresh.len() as f64)
+}
+
+/// Whether NVML lists a process on region device `dev` that is not this container's (another
+/// container's, in any pid namespace: unknown pids count). True where NVML cannot list: a
+/// pause then finds out.
+fn others_present(dev: usize) -> bool {
+    let Some(rt) = crate::runtime::existing() else {
+        return true;
+    };
+    let Some(list) = super::host_pid::processes(dev) else {
+        return true;
+    };
+    let ours = container_pids(rt);
+    list.iter().any(|(pid, _)| !ours.contains(pid))
+}
+
 /// SM utilisation (percent) of region device `dev` by this container's processes since the last
 /// call, from `nvmlDeviceGetProcessUtilization`. If there is no new sample, or none can be
 /// attributed to the container (its processes run in another pid namespace and their host pids
 /// are not known), the device's overall utilisation stands in. `None` if NVML cannot tell.
-pub fn container_sm_util(dev: usize) -> Option<f64> {
+fn container_sm_util(dev: usize) -> Option<f64> {
     let rt = crate::runtime::existing()?;
     let h = devices::nvml_handle(dev)?;
     let last = LAST_SEEN.get(dev)?;

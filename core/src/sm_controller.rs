@@ -1,0 +1,1122 @@
+//! The SM limit's controller: chooses the refill rate of a device's token bucket
+//! ([`crate::bucket`]) each period from what the period showed.
+//!
+//! A GPU shared with other containers needs one more reading. Contexts of different containers
+//! are time-sliced, so a rate measured unthrottled beside another container's work is a share of
+//! the solo rate, and NVML's per-process utilisation on an H200 reads the whole device's
+//! (docs/gpu-results.md, run 10). So before re-measuring, the controller pauses its own
+//! container for [`PAUSE_STEPS`] and reads the device's utilisation from NVML's timestamped
+//! device samples: what remains is the other containers' time. The unthrottled rate measured
+//! next is then scaled up by the time those others took ([`Controller`]).
+
+use crate::bucket::tokens_in;
+
+/// What the controller saw over one period.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Utilisation of the limited work, in percent (0..=100); `None` where NVML gives none
+    /// (no NVML in the container, or a device that does not report it): the limit then holds
+    /// on the work reading alone.
+    pub util: Option<f64>,
+    /// Tokens consumed during the period.
+    pub consumed: u64,
+    /// Length of the period in nanoseconds.
+    pub period_ns: u64,
+    /// Whether launches ran short of tokens (demand exceeded the rate).
+    pub starved: bool,
+    /// The whole device's utilisation over the period in percent, every container's work
+    /// included, from NVML samples stamped within the period; `None` where there are none.
+    pub device_util: Option<f64>,
+    /// Whether processes outside the container hold the device (NVML lists them, or the
+    /// device's memory in use exceeds the container's): only then can a pause tell anything.
+    pub others_present: bool,
+}
+
+/// What the controller sets: the refill rate (0 = unmetered) and whether starting to meter
+/// forgives the debt run up meanwhile ([`crate::bucket::set_rate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setting {
+    /// Tokens per second; 0 lets launches pass unmetered.
+    pub rate: u64,
+    /// See [`crate::bucket::set_rate`].
+    pub forgive_debt: bool,
+}
+
+/// Share of NVML's error corrected per step.
+pub const GAIN: f64 = 0.2;
+/// Busy steps the first measurement runs at least (0.8 s at 200 ms a step).
+pub const PROBE_MIN_STEPS: u32 = 4;
+/// Busy steps after which the measurement is taken even if the program never ran steadily.
+pub const PROBE_MAX_STEPS: u32 = 15;
+/// The last steps of a measurement must lie within this fraction of their mean.
+const PROBE_SPREAD: f64 = 0.25;
+/// Steps without any launch after which the controller measures again (1 s).
+pub const IDLE_STEPS_TO_RECALIBRATE: u32 = 5;
+/// Metered steps after which a program that is held back is measured again (20 s), unthrottled,
+/// alone on the GPU.
+pub const REMEASURE_EVERY: u32 = 100;
+/// On a shared GPU, a paused re-measurement after a random number of metered steps between
+/// this and [`SHARED_EVERY_MAX`] (30 to 60 s), so that containers started together do not
+/// measure in step. Rarer than alone: a pause and its frame keep the container off its rate
+/// for seven steps, which are made up after at [`REPAY_POINTS`] a step.
+pub const SHARED_EVERY_MIN: u32 = 150;
+/// See [`SHARED_EVERY_MIN`].
+pub const SHARED_EVERY_MAX: u32 = 300;
+/// Metered steps before the first paused re-measurement: a random number up to this (at least
+/// [`FIRST_CHECK_MIN`]). A measurement taken at start beside another container's is half the
+/// solo rate; this corrects it within 8 s. Paused checks go on, at the same spacing, until
+/// [`QUIET_PAUSES`] in a row find the device quiet: two containers that pause at the same
+/// moment see each other's pause, and take the GPU for their own.
+pub const FIRST_CHECK_MAX: u32 = 25;
+/// See [`FIRST_CHECK_MAX`].
+pub const FIRST_CHECK_MIN: u32 = 6;
+/// Steps of the pause before a re-measurement, during which the container launches (almost)
+/// nothing and the device's utilisation is the other containers'.
+pub const PAUSE_STEPS: u32 = 3;
+/// Steps of the pause after it.
+pub const PAUSE_AFTER_STEPS: u32 = 2;
+/// The controller's period, which the repayment is spread over.
+pub const PERIOD_NS: u64 = 200_000_000;
+/// The pause's first steps, not read: the container's queued kernels drain (milliseconds), and
+/// an NVML sample stamped in step k covers the 200 ms before its stamp.
+pub const PAUSE_DRAIN_STEPS: u32 = 1;
+/// Rate of a pause (tokens per second): almost nothing passes, and 0 would mean unmetered.
+const PAUSE_RATE: u64 = 1;
+/// Other containers' time share (0..1) above which the GPU counts as shared: re-measurements are
+/// then paused, and spread at random.
+const SHARED_ABOVE: f64 = 0.03;
+/// Other containers' time share above which a paused reading is not used to correct the rate:
+/// they take all that is free (unlimited), so it says nothing about the solo rate.
+const OTHERS_MAX: f64 = 0.9;
+/// The most of the device's time one other container keeps beside a context that runs
+/// unthrottled (equal time slices).
+const FAIR_SHARE: f64 = 0.5;
+/// Pause readings further apart than this (a share of the device's time) are not used: another
+/// container started or ended a measurement meanwhile.
+const UNSTEADY: f64 = 0.1;
+/// See [`FIRST_CHECK_MAX`].
+const QUIET_PAUSES: u32 = 2;
+/// Pause readings kept: the largest of them stands for the other containers' share (one pause
+/// may have fallen on another container's own pause).
+const OTHERS_KEPT: usize = 3;
+/// Points of the limit by which what a re-measurement took beyond the limit's share of its time
+/// (or fell short of it) is paid back each step: spread thin, so that the work stays near the
+/// limit, and other containers' pauses see a steady neighbour, not seconds of nothing.
+const REPAY_POINTS: f64 = 1.5;
+/// Metered steps whose device readings must agree within [`STEADY_POINTS`] before a pause
+/// starts: longer than another container's pause, so that one is seen.
+const RECENT: usize = 5;
+/// See [`RECENT`].
+const STEADY_POINTS: f64 = 5.0;
+/// The least share of the work cap that the time reading's hold carries over a re-measurement.
+const MIN_HELD: f64 = 0.25;
+/// Metered steps before retrying a measurement that was not used: a random number up to this
+/// (at least [`RETRY_MIN`]).
+const RETRY_MAX: u32 = 10;
+/// See [`RETRY_MAX`].
+const RETRY_MIN: u32 = 3;
+/// Metered steps during which NVML is not acted on: its readings still describe the
+/// unthrottled moments before (NVML trails by up to a second).
+const NVML_LAG_STEPS: u32 = 5;
+/// Unthrottled steps of a re-measurement; the last one counts (the first loses the moments
+/// that waiting launches take to notice).
+pub const REMEASURE_STEPS: u32 = 2;
+
+/// Where the controller is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// Unmetered, measuring the program's unthrottled block rate: the last three busy steps'
+    /// rates, newest last, and how many busy steps so far.
+    Measuring { steps: u32, last: [f64; 3] },
+    /// Metered, for this many steps since the last measurement.
+    Metered { steps: u32 },
+    /// Nearly stopped before a re-measurement, reading the other containers' share of the
+    /// device.
+    PausedBefore {
+        steps: u32,
+        readings: Readings,
+        away: Away,
+    },
+    /// Unmetered again for a fresh measurement of a program that is held back, with what the
+    /// pause before read of the other containers (unknown: no pause).
+    Remeasuring {
+        steps: u32,
+        before: Others,
+        away: Away,
+    },
+    /// Nearly stopped after the re-measurement (which launched `launched` blocks per second),
+    /// reading the others again: a share that moved since `before` means one of them started
+    /// or ended a measurement meanwhile, and the re-measurement is not used.
+    PausedAfter {
+        steps: u32,
+        before: Others,
+        launched: f64,
+        readings: Readings,
+        away: Away,
+    },
+}
+
+/// The time a re-measurement kept the container off its metered rate (paused or unmetered),
+/// and the tokens it launched meanwhile: what exceeds the limit's share of that time, or falls
+/// short of it, is paid back after.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Away {
+    ns: u64,
+    spent: u64,
+}
+
+impl Away {
+    const NONE: Away = Away { ns: 0, spent: 0 };
+
+    fn plus(self, s: &Sample) -> Away {
+        Away {
+            ns: self.ns.saturating_add(s.period_ns),
+            spent: self.spent.saturating_add(s.consumed),
+        }
+    }
+}
+
+/// The device readings of a pause (shares of the device's time).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Readings {
+    sum: f64,
+    count: u32,
+    lo: f64,
+    hi: f64,
+}
+
+impl Readings {
+    const NONE: Readings = Readings {
+        sum: 0.0,
+        count: 0,
+        lo: f64::MAX,
+        hi: f64::MIN,
+    };
+
+    /// Adds the device's reading of step `step` of a pause, if past the drain.
+    fn read(mut self, step: u32, s: &Sample) -> Readings {
+        if let (true, Some(u)) = (step >= PAUSE_DRAIN_STEPS, s.device_util) {
+            let share = u.clamp(0.0, 100.0) / 100.0;
+            self.sum += share;
+            self.count += 1;
+            self.lo = self.lo.min(share);
+            self.hi = self.hi.max(share);
+        }
+        self
+    }
+
+    /// What the readings say of the other containers.
+    fn others(&self) -> Others {
+        if self.count == 0 {
+            Others::Unknown
+        } else if self.hi - self.lo > UNSTEADY {
+            Others::Unsteady
+        } else {
+            Others::Share(self.sum / f64::from(self.count))
+        }
+    }
+}
+
+/// The other containers' use of the device, as pauses read it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Others {
+    /// No reading (no pause, or NVML gave no device sample).
+    Unknown,
+    /// Readings further apart than [`UNSTEADY`]: another container started or ended a
+    /// measurement meanwhile.
+    Unsteady,
+    /// Their share of the device's time (0..=1).
+    Share(f64),
+}
+
+impl Others {
+    /// Before and after a re-measurement together: a share only if both agree.
+    fn and_after(self, after: Others) -> Others {
+        match (self, after) {
+            (Others::Share(b), Others::Share(a)) if (a - b).abs() <= UNSTEADY => {
+                Others::Share((a + b) / 2.0)
+            }
+            (Others::Share(_), Others::Share(_)) | (_, Others::Unsteady) => Others::Unsteady,
+            (before, _) => before,
+        }
+    }
+}
+
+/// The refill rate's controller. A limit of L% holds on two readings at once, and the rate is the
+/// lower of the two:
+///
+/// - **Work**: at most L% of the blocks per second the program launches with the GPU to itself.
+///   The controller measures that rate, unmetered, from the bucket's exact count of tokens
+///   spent: at the start (after the program ran steadily for [`PROBE_MIN_STEPS`]), after an idle
+///   second, and again while the limit holds the program back (a process may have joined; the
+///   measurement at start may have been taken beside another container). Where NVML has device
+///   samples, a re-measurement is framed by two pauses that read the other containers' time
+///   share `o`, and the rate measured between them is divided by `1 - o`. What a
+///   re-measurement launched beyond the limit's share of its time (or short of it) is paid back
+///   over [`REPAY_STEPS`], so the average stays at L.
+/// - **Time**: NVML's utilisation of the container's processes at most L%. Above it the rate
+///   falls by [`GAIN`] of the ratio per step; NVML trails the launches by up to a second, and a
+///   larger gain oscillates (the `lagging_gpu` test). Off where pauses found other containers
+///   at work ([`Controller::own_time`]).
+///
+/// Both are needed alone on a GPU. NVML alone lets a compute-bound program through at 1.2 times
+/// its share on an H200 (docs/gpu-results.md, runs 2 and 3): NVML reads 99% flat out, but the
+/// throttled GPU does more work per busy second (higher clocks, we suppose), so 25% of the time
+/// did 30% of it. The block rate alone is blind to the cost of a block, which NVML sees.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Controller {
+    /// The limit in percent.
+    pub target: f64,
+    rate: f64,
+    /// Blocks per second the program launches with the GPU to itself, once measured.
+    full_rate: Option<f64>,
+    phase: Phase,
+    idle_steps: u32,
+    /// Whether the next re-measurement is paused (where others hold the device): until pauses
+    /// have twice found it quiet, and while it is shared.
+    pause_next: bool,
+    /// Metered steps until the next paused re-measurement (while held back).
+    next_check: u32,
+    /// The device's last readings in metered steps (newest last), and how many in a row.
+    recent: [f64; RECENT],
+    recent_count: u32,
+    /// The other containers' time shares read by the last [`OTHERS_KEPT`] usable pauses,
+    /// newest last, and how many pauses in a row found the device quiet.
+    others: [f64; OTHERS_KEPT],
+    quiet_pauses: u32,
+    /// What re-measurements took beyond the limit's share of their time (negative: fell short
+    /// of it), in points of the limit times steps, still to be paid back.
+    owed: f64,
+    /// State of the generator of random step counts.
+    seed: u64,
+}
+
+const UNMETERED: Setting = Setting {
+    rate: 0,
+    forgive_debt: false,
+};
+
+const PAUSED: Setting = Setting {
+    rate: PAUSE_RATE,
+    ..UNMETERED
+};
+
+impl Controller {
+    /// A controller for a limit of `target_percent`, measuring first. `seed` (the process id
+    /// will do) spreads the re-measurements of containers that start together.
+    pub fn new(target_percent: u64, seed: u64) -> Self {
+        let mut c = Controller {
+            target: target_percent.clamp(1, 100) as f64,
+            rate: 0.0,
+            full_rate: None,
+            phase: Phase::Measuring {
+                steps: 0,
+                last: [0.0; 3],
+            },
+            idle_steps: 0,
+            pause_next: true,
+            next_check: 0,
+            recent: [0.0; RECENT],
+            recent_count: 0,
+            others: [0.0; OTHERS_KEPT],
+            quiet_pauses: 0,
+            owed: 0.0,
+            seed: seed | 1,
+        };
+        c.next_check = c.random_steps(FIRST_CHECK_MIN, FIRST_CHECK_MAX);
+        c
+    }
+
+    /// A controller taking over a device whose bucket already refills at `rate` (another
+    /// process held the lease before, so `rate` is about the limit's share of the work).
+    pub fn resume(target_percent: u64, rate: u64, seed: u64) -> Self {
+        let mut c = Controller::new(target_percent, seed);
+        if rate > 0 {
+            c.rate = rate as f64;
+            c.full_rate = Some(c.rate * 100.0 / c.target);
+            c.phase = Phase::Metered { steps: 0 };
+        }
+        c
+    }
+
+    /// A number of steps in `lo..=hi` (xorshift: the spread matters, not the quality).
+    fn random_steps(&mut self, lo: u32, hi: u32) -> u32 {
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        lo + (self.seed % u64::from(hi - lo + 1)) as u32
+    }
+
+    /// The work cap: the limit's share of the measured solo rate.
+    fn cap(&self) -> f64 {
+        self.full_rate
+            .map_or(f64::MAX, |f| (f * self.limit_now() / 100.0).max(1.0))
+    }
+
+    /// The limit in force: the target, less what is paid back this step.
+    fn limit_now(&self) -> f64 {
+        (self.target - self.repayment()).clamp(1.0, 100.0)
+    }
+
+    /// The points of the limit paid back this step (negative: made up).
+    fn repayment(&self) -> f64 {
+        self.owed.clamp(-REPAY_POINTS, REPAY_POINTS)
+    }
+
+    fn meter_at_cap(&mut self, forgive_debt: bool) -> Setting {
+        self.rate = self.cap();
+        self.phase = Phase::Metered { steps: 0 };
+        Setting {
+            rate: self.rate as u64,
+            forgive_debt,
+        }
+    }
+
+    /// Ends a re-measurement of `launched` blocks per second, taken beside `others`, after
+    /// `away` off the
+    /// metered rate: meters again, paying back what `away` took beyond the limit's share. The
+    /// debt in the bucket is forgiven, since the repayment is spread here instead.
+    fn remeasured(&mut self, launched: f64, others: Others, away: Away) -> Setting {
+        let excess = away.spent as f64 - tokens_in(self.cap() as u64, away.ns) as f64;
+        self.next_check = REMEASURE_EVERY;
+        // Where the time reading held the rate below the cap, it stays as far below the new one
+        // (on a GPU found shared, the reading was not the container's own).
+        let mut held = (self.rate / self.cap()).clamp(MIN_HELD, 1.0);
+        match others {
+            Others::Unknown if launched > 0.0 => self.full_rate = Some(launched),
+            Others::Unknown => {}
+            Others::Unsteady => self.next_check = self.random_steps(RETRY_MIN, RETRY_MAX),
+            Others::Share(others) => self.take_solo_rate(launched, others),
+        }
+        if self.shared() {
+            held = 1.0;
+        }
+        if let Some(f) = self.full_rate {
+            self.owed += 100.0 * excess / (f * PERIOD_NS as f64 / 1e9);
+        }
+        self.rate = self.cap() * held;
+        self.pause_next =
+            self.shared() || self.quiet_pauses < QUIET_PAUSES || others == Others::Unsteady;
+        self.phase = Phase::Metered { steps: 0 };
+        Setting {
+            rate: self.rate as u64,
+            forgive_debt: true,
+        }
+    }
+
+    /// The other containers' share of the device's time, as the recent pauses read it.
+    fn others_share(&self) -> f64 {
+        self.others.iter().fold(0.0, |a, &b| a.max(b))
+    }
+
+    fn shared(&self) -> bool {
+        self.others_share() > SHARED_ABOVE
+    }
+
+    /// Takes a solo rate from a paused re-measurement (`others` of the device's time was the
+    /// other containers').
+    fn take_solo_rate(&mut self, launched: f64, others: f64) {
+        self.others.rotate_left(1);
+        self.others[OTHERS_KEPT - 1] = others;
+        self.quiet_pauses = if others > SHARED_ABOVE {
+            0
+        } else {
+            self.quiet_pauses + 1
+        };
+        if self.shared() {
+            self.next_check = self.random_steps(SHARED_EVERY_MIN, SHARED_EVERY_MAX);
+        } else if self.quiet_pauses < QUIET_PAUSES {
+            self.next_check = self.random_steps(FIRST_CHECK_MIN, FIRST_CHECK_MAX);
+        }
+        if others > OTHERS_MAX || launched <= 0.0 {
+            return;
+        }
+        // Time slices are shared equally among contexts that have work, so while this one ran
+        // unthrottled the others kept at most half the time, whatever they took while it paused.
+        self.full_rate = Some(launched / (1.0 - others.min(FAIR_SHARE)));
+    }
+
+    /// Whether the device read steadily over the last [`RECENT`] metered steps: no other
+    /// container is pausing or measuring just now (a pause would collide with theirs).
+    fn device_steady(&self) -> bool {
+        let (lo, hi) = self
+            .recent
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        self.recent_count as usize >= RECENT && hi - lo <= STEADY_POINTS
+    }
+
+    /// Keeps the device's last readings for [`Controller::device_steady`].
+    fn watch_device(&mut self, steps: u32, s: &Sample) {
+        let Some(d) = s.device_util else {
+            self.recent_count = 0;
+            return;
+        };
+        self.recent.rotate_left(1);
+        self.recent[RECENT - 1] = d;
+        self.recent_count = if steps == 0 { 1 } else { self.recent_count + 1 };
+    }
+
+    /// The container's own share of the device's time in percent: NVML's reading of its
+    /// processes, but never more than the device's. None on a GPU that is or may be shared
+    /// (others hold it, and pauses have not yet shown them idle):
+    /// there NVML's reading of a process is the device's (H200, run 10), and the others' share
+    /// is known only at pauses, while theirs moves too.
+    fn own_time(&self, s: &Sample) -> Option<f64> {
+        let unproven = s.others_present && self.quiet_pauses < QUIET_PAUSES;
+        if self.shared() || unproven {
+            return None;
+        }
+        match (s.util, s.device_util) {
+            (Some(u), Some(d)) => Some(u.min(d)),
+            (u, d) => u.or(d),
+        }
+    }
+
+    /// The setting for the next period, after `s`.
+    pub fn step(&mut self, s: Sample) -> Setting {
+        let launched = if s.period_ns == 0 {
+            0.0
+        } else {
+            s.consumed as f64 * 1e9 / s.period_ns as f64
+        };
+        let paused = matches!(
+            self.phase,
+            Phase::PausedBefore { .. } | Phase::PausedAfter { .. }
+        );
+        if s.consumed == 0 && !s.starved && !paused {
+            self.idle_steps = self.idle_steps.saturating_add(1);
+        } else {
+            self.idle_steps = 0;
+        }
+        match self.phase {
+            Phase::Metered { .. } | Phase::Remeasuring { .. }
+                if self.idle_steps >= IDLE_STEPS_TO_RECALIBRATE =>
+            {
+                *self = Controller::new(self.target as u64, self.seed);
+                UNMETERED
+            }
+            Phase::Measuring { steps, mut last } => {
+                if s.consumed == 0 {
+                    // Only consecutive busy steps measure the program's work.
+                    self.phase = Phase::Measuring {
+                        steps: 0,
+                        last: [0.0; 3],
+                    };
+                    return UNMETERED;
+                }
+                last.rotate_left(1);
+                last[2] = launched;
+                let steps = steps + 1;
+                let mean = last.iter().sum::<f64>() / 3.0;
+                let steady = last.iter().all(|r| (r - mean).abs() <= PROBE_SPREAD * mean);
+                if (steps >= PROBE_MIN_STEPS && steady) || steps >= PROBE_MAX_STEPS {
+                    self.full_rate = Some(mean);
+                    return self.meter_at_cap(true);
+                }
+                self.phase = Phase::Measuring { steps, last };
+                UNMETERED
+            }
+            Phase::PausedBefore {
+                steps,
+                readings,
+                away,
+            } => {
+                let (readings, away) = (readings.read(steps, &s), away.plus(&s));
+                if steps + 1 < PAUSE_STEPS {
+                    self.phase = Phase::PausedBefore {
+                        steps: steps + 1,
+                        readings,
+                        away,
+                    };
+                    return PAUSED;
+                }
+                self.phase = Phase::Remeasuring {
+                    steps: 0,
+                    before: readings.others(),
+                    away,
+                };
+                UNMETERED
+            }
+            Phase::Remeasuring {
+                steps,
+                before,
+                away,
+            } => {
+                let away = away.plus(&s);
+                if steps + 1 < REMEASURE_STEPS {
+                    self.phase = Phase::Remeasuring {
+                        steps: steps + 1,
+                        before,
+                        away,
+                    };
+                    return UNMETERED;
+                }
+                if before == Others::Unknown {
+                    return self.remeasured(launched, before, away);
+                }
+                self.phase = Phase::PausedAfter {
+                    steps: 0,
+                    before,
+                    launched,
+                    readings: Readings::NONE,
+                    away,
+                };
+                PAUSED
+            }
+            Phase::PausedAfter {
+                steps,
+                before,
+                launched,
+                readings,
+                away,
+            } => {
+                let (readings, away) = (readings.read(steps, &s), away.plus(&s));
+                if steps + 1 < PAUSE_AFTER_STEPS {
+                    self.phase = Phase::PausedAfter {
+                        steps: steps + 1,
+                        before,
+                        launched,
+                        readings,
+                        away,
+                    };
+                    return PAUSED;
+                }
+                self.remeasured(launched, before.and_after(readings.others()), away)
+            }
+            Phase::Metered { steps } => {
+                match self.own_time(&s) {
+                    Some(util) => {
+                        let factor = (self.limit_now() / util.clamp(1.0, 100.0)).clamp(0.25, 2.0);
+                        if steps >= NVML_LAG_STEPS && (factor < 1.0 || s.starved) {
+                            // Over the limit in NVML: down. Held back below it: back up (to the
+                            // cap). Below it because the program asks for less: no wind-up.
+                            self.rate *= 1.0 + GAIN * (factor - 1.0);
+                        }
+                    }
+                    // No time reading: the work cap alone.
+                    None => self.rate = self.cap(),
+                }
+                self.rate = self.rate.min(self.cap()).max(1.0);
+                self.watch_device(steps, &s);
+                self.next_check = self.next_check.saturating_sub(1);
+                let paused_due = self.pause_next && self.next_check == 0;
+                let worth = s.others_present && s.device_util.is_some();
+                if s.starved && paused_due && worth && self.device_steady() {
+                    self.phase = Phase::PausedBefore {
+                        steps: 0,
+                        readings: Readings::NONE,
+                        away: Away::NONE,
+                    };
+                    return PAUSED;
+                }
+                let plain = !(self.pause_next && worth);
+                if s.starved && plain && steps + 1 >= REMEASURE_EVERY {
+                    self.phase = Phase::Remeasuring {
+                        steps: 0,
+                        before: Others::Unknown,
+                        away: Away::NONE,
+                    };
+                    return UNMETERED;
+                }
+                self.phase = Phase::Metered { steps: steps + 1 };
+                self.owed -= self.repayment();
+                Setting {
+                    rate: self.rate as u64,
+                    forgive_debt: false,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    extern crate std;
+    use std::vec::Vec;
+
+    struct SimGpu {
+        capacity: f64,
+        demand: f64,
+        seed: u64,
+        lag: usize,
+        full_reading: f64,
+        exponent: f64,
+        debt: f64,
+        reported: Vec<f64>,
+        /// Whether NVML reports utilisation at all.
+        nvml: bool,
+        /// Throughput per period as a share of the capacity, in percent.
+        shares: Vec<f64>,
+    }
+
+    impl SimGpu {
+        /// A GPU that reads 100% flat out on a curve of exponent 0.7, reporting `lag` late.
+        fn new(capacity: f64, demand: f64, seed: u64, lag: usize) -> Self {
+            SimGpu {
+                capacity,
+                demand,
+                seed,
+                lag,
+                full_reading: 100.0,
+                exponent: 0.7,
+                debt: 0.0,
+                reported: Vec::new(),
+                nvml: true,
+                shares: Vec::new(),
+            }
+        }
+
+        /// An H200 running a bf16 matmul: 99% flat out, 25% of the time doing 30% of the work.
+        fn h200(demand: f64, seed: u64) -> Self {
+            SimGpu {
+                full_reading: 99.0,
+                exponent: 1.15,
+                ..SimGpu::new(1e6, demand, seed, 2)
+            }
+        }
+
+        fn run(&mut self, set: Setting, period_s: f64) -> Sample {
+            let wanted = self.demand.min(self.capacity) * period_s;
+            if set.forgive_debt {
+                self.debt = 0.0;
+            }
+            let (done, starved) = if set.rate == 0 {
+                self.debt += wanted;
+                (wanted, false)
+            } else {
+                let available = set.rate as f64 * period_s - self.debt;
+                let done = wanted.min(available.max(0.0));
+                self.debt = (self.debt + done - set.rate as f64 * period_s).max(0.0);
+                (done, wanted > available)
+            };
+            self.seed = self
+                .seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = ((self.seed >> 33) % 200) as f64 / 100.0 - 1.0;
+            let share = done / period_s / self.capacity;
+            self.shares.push(100.0 * share);
+            self.reported.push(
+                (self.full_reading * libm_pow(share, self.exponent) + noise).clamp(0.0, 100.0),
+            );
+            let seen = self.reported.len().saturating_sub(1 + self.lag);
+            Sample {
+                util: self.nvml.then(|| self.reported[seen]),
+                consumed: done as u64,
+                period_ns: (period_s * 1e9) as u64,
+                starved,
+                device_util: self.nvml.then(|| self.reported[self.reported.len() - 1]),
+                others_present: false,
+            }
+        }
+
+        /// Runs `steps` controller steps of 200 ms.
+        fn drive(&mut self, c: &mut Controller, set: &mut Setting, steps: usize) {
+            for _ in 0..steps {
+                *set = c.step(self.run(*set, 0.2));
+            }
+        }
+    }
+
+    fn mean(v: &[f64]) -> f64 {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+
+    fn libm_pow(x: f64, y: f64) -> f64 {
+        std::primitive::f64::powf(x, y)
+    }
+
+    /// Runs `gpu` for 16 s under a fresh controller; the mean NVML reading and throughput share
+    /// over the last 8 s.
+    fn settle(mut gpu: SimGpu, target: u64) -> (f64, f64) {
+        let mut c = Controller::new(target, 1);
+        let mut set = UNMETERED;
+        gpu.drive(&mut c, &mut set, 80);
+        (mean(&gpu.reported[40..80]), mean(&gpu.shares[40..80]))
+    }
+
+    /// A GPU that reads busier than its work: NVML's reading is what binds, and it settles
+    /// within 3 points of the limit.
+    #[test]
+    fn converges_within_three_points_of_each_target() {
+        for target in [25, 50, 75] {
+            for (capacity, demand) in [(1e6, 5e6), (3e4, 1e5), (1e9, 1.2e9)] {
+                let (util, _) = settle(SimGpu::new(capacity, demand, target, 0), target);
+                assert!(
+                    (util - target as f64).abs() <= 3.0,
+                    "target {target}, capacity {capacity}: settled at {util:.1}"
+                );
+            }
+        }
+    }
+
+    /// Utilisation reported 1 to 5 periods (0.2 to 1 s) late, as NVML's is: every second of the
+    /// settled 8 s stays within 3 points. With a gain of 0.5 (half-way per step) the longer lags
+    /// swing between 14 and 38 for a limit of 25 (with a mean near 25).
+    #[test]
+    fn lagging_gpu_converges_within_three_points() {
+        for lag in 1..=5 {
+            for target in [25, 50, 75] {
+                let mut gpu = SimGpu::new(1e6, 5e6, target, lag);
+                let mut c = Controller::new(target, 1);
+                let mut set = UNMETERED;
+                gpu.drive(&mut c, &mut set, 80);
+                for second in gpu.reported[40..80].chunks(5) {
+                    let util = mean(second);
+                    assert!(
+                        (util - target as f64).abs() <= 3.0,
+                        "target {target}, lag {lag}: a second at {util:.1}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The H200 case: NVML reads below the work's share when throttled. The throughput settles
+    /// within 3 points of the limit's share; steering by NVML alone (no work cap) gives about 30
+    /// for 25, as the H200 did in run 2.
+    #[test]
+    fn throughput_share_holds_on_a_gpu_that_boosts_when_throttled() {
+        for target in [25, 50, 75] {
+            let (util, share) = settle(SimGpu::h200(5e6, target), target);
+            assert!(
+                (share - target as f64).abs() <= 3.0,
+                "target {target}: throughput settled at {share:.1}% (NVML {util:.1}%)"
+            );
+            assert!(util <= target as f64 + 3.0, "NVML {util:.1} above {target}");
+        }
+    }
+
+    /// Without NVML utilisation (no NVML in the container, or a device that reports none) the
+    /// limit still holds, on the work reading alone. The controller used to skip such periods,
+    /// which left the bucket unmetered and the program at 100% (mutation: returning
+    /// `UNMETERED` for `util: None` fails this).
+    #[test]
+    fn without_nvml_the_work_reading_holds_the_limit() {
+        for target in [25, 50, 75] {
+            let gpu = SimGpu {
+                nvml: false,
+                ..SimGpu::h200(5e6, target)
+            };
+            let (_, share) = settle(gpu, target);
+            assert!(
+                (share - target as f64).abs() <= 3.0,
+                "target {target}: throughput settled at {share:.1}% without NVML"
+            );
+        }
+    }
+
+    /// A program that launches a few small kernels at start-up, pauses for 2 s (loading data,
+    /// waiting for its peers), then runs compute-bound: the work settles at the target within
+    /// 4 s of starting. Without the re-measurement after idling, the rate measured on the
+    /// start-up launches is 1/100 of what the work needs.
+    #[test]
+    fn startup_launches_do_not_miscalibrate_the_real_work() {
+        for target in [25, 50, 75] {
+            let mut gpu = SimGpu::h200(1e4, target);
+            let mut c = Controller::new(target, 1);
+            let mut set = UNMETERED;
+            gpu.drive(&mut c, &mut set, 6);
+            gpu.demand = 0.0;
+            gpu.drive(&mut c, &mut set, 10);
+            gpu.demand = 5e6;
+            let start = gpu.shares.len();
+            gpu.drive(&mut c, &mut set, 60);
+            let share = mean(&gpu.shares[start + 20..]);
+            assert!(
+                (share - target as f64).abs() <= 3.0,
+                "target {target}: the work settled at {share:.1}%"
+            );
+        }
+    }
+
+    /// Start-up launches that vary from step to step and run straight into the real work (4
+    /// processes starting one after another, as in the H200's 4-process run): the measurement
+    /// waits for a steady rate instead of taking the start-up's.
+    #[test]
+    fn an_unsteady_start_is_not_taken_for_the_work() {
+        let mut gpu = SimGpu::h200(2e4, 25);
+        let mut c = Controller::new(25, 1);
+        let mut set = UNMETERED;
+        for demand in [2e4, 1e4, 1e5, 5e3, 3e5, 5e6] {
+            gpu.demand = demand;
+            gpu.drive(&mut c, &mut set, 1);
+        }
+        gpu.drive(&mut c, &mut set, 40);
+        let share = mean(&gpu.shares[26..]);
+        assert!(
+            (share - 25.0).abs() <= 3.0,
+            "settled at {share:.1}% of the GPU"
+        );
+    }
+
+    /// A program that ran at 40% of the GPU when measured and then wants all of it (a second
+    /// process joined): the re-measurement while it is held back gives it the limit's share of
+    /// the GPU within 25 s, and the unthrottled moments are paid back: over 100 s (five
+    /// re-measurements) the average is the limit (forgiving their debt instead makes it 26.5).
+    #[test]
+    fn a_program_that_grows_is_measured_again() {
+        let mut gpu = SimGpu::h200(4e5, 25);
+        let mut c = Controller::new(25, 1);
+        let mut set = UNMETERED;
+        gpu.drive(&mut c, &mut set, 40);
+        let before = mean(&gpu.shares[30..40]);
+        assert!((before - 10.0).abs() <= 1.5, "25% of 40%: {before:.1}");
+        gpu.demand = 5e6;
+        gpu.drive(&mut c, &mut set, 125);
+        let after = mean(&gpu.shares[135..165]);
+        assert!((after - 25.0).abs() <= 3.0, "after growing: {after:.1}%");
+        gpu.drive(&mut c, &mut set, 510);
+        let across = mean(&gpu.shares[165..675]);
+        assert!(
+            (across - 25.0).abs() <= 0.5,
+            "over 100 s with re-measurements: {across:.2}%"
+        );
+    }
+
+    /// Containers time-sliced on one GPU, each with its own bucket and controller (or none: an
+    /// unlimited neighbour). Each wants `demand` of its solo rate (compute-bound, > 1); a period's
+    /// time goes to each container as it asks, and where the asks exceed the period, in equal
+    /// shares (round-robin time slices), each container keeping to what its tokens allow. NVML's
+    /// per-process readings are the device's (as on the H200, run 10), ± 1 point, two periods
+    /// late; the device samples are prompt.
+    struct SharedGpu {
+        tenants: Vec<Tenant>,
+        seed: u64,
+        device: Vec<f64>,
+    }
+
+    struct Tenant {
+        ctl: Option<Controller>,
+        set: Setting,
+        /// Solo rate in blocks per second.
+        solo: f64,
+        demand: f64,
+        debt: f64,
+        /// Work per period as a share of the solo rate, in percent.
+        shares: Vec<f64>,
+    }
+
+    impl SharedGpu {
+        /// Tenants with these limits (`None`: unlimited); `seed` varies their controllers'
+        /// random steps.
+        fn new(limits: &[Option<u64>], seed: u64) -> Self {
+            let tenants = limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| Tenant {
+                    ctl: l.map(|t| Controller::new(t, seed * 104_729 + i as u64 * 7919)),
+                    set: UNMETERED,
+                    solo: 1e6 * (i as f64 + 1.0),
+                    demand: 5.0,
+                    debt: 0.0,
+                    shares: Vec::new(),
+                })
+                .collect();
+            SharedGpu {
+                tenants,
+                seed: 42,
+                device: Vec::new(),
+            }
+        }
+
+        fn step(&mut self, dt: f64) {
+            // Each tenant's ask as a share of the period, as its tokens allow.
+            let asks: Vec<(f64, bool)> = self
+                .tenants
+                .iter_mut()
+                .map(|t| {
+                    if t.set.forgive_debt {
+                        t.debt = 0.0;
+                    }
+                    let wanted = t.demand * t.solo * dt;
+                    if t.set.rate == 0 {
+                        return (wanted / (t.solo * dt), false);
+                    }
+                    let available = (t.set.rate as f64 * dt - t.debt).max(0.0);
+                    (wanted.min(available) / (t.solo * dt), wanted > available)
+                })
+                .collect();
+            // Equal time slices among those that ask more than their share.
+            let mut order: Vec<usize> = (0..asks.len()).collect();
+            order.sort_by(|a, b| asks[*a].0.partial_cmp(&asks[*b].0).unwrap());
+            let mut left = 1.0;
+            let mut time = std::vec![0.0; asks.len()];
+            for (k, &i) in order.iter().enumerate() {
+                time[i] = asks[i].0.min(left / (asks.len() - k) as f64);
+                left -= time[i];
+            }
+            self.seed = self
+                .seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = ((self.seed >> 33) % 200) as f64 / 100.0 - 1.0;
+            let busy: f64 = time.iter().sum();
+            self.device.push((100.0 * busy + noise).clamp(0.0, 100.0));
+            let lagged = self.device[self.device.len().saturating_sub(3)];
+            let device_now = self.device[self.device.len() - 1];
+            let active: Vec<bool> = self.tenants.iter().map(|t| t.demand > 0.0).collect();
+            for (i, t) in self.tenants.iter_mut().enumerate() {
+                let others_present = active.iter().enumerate().any(|(j, &a)| a && j != i);
+                let done = time[i] * t.solo * dt;
+                t.shares.push(100.0 * time[i]);
+                if t.set.rate == 0 {
+                    t.debt += done;
+                } else {
+                    t.debt = (t.debt + done - t.set.rate as f64 * dt).max(0.0);
+                }
+                let sample = Sample {
+                    util: Some(lagged),
+                    consumed: done as u64,
+                    period_ns: (dt * 1e9) as u64,
+                    starved: asks[i].1,
+                    device_util: Some(device_now),
+                    others_present,
+                };
+                if let Some(c) = t.ctl.as_mut() {
+                    t.set = c.step(sample);
+                }
+            }
+        }
+
+        fn run(&mut self, steps: usize) {
+            for _ in 0..steps {
+                self.step(0.2);
+            }
+        }
+
+        /// Tenant `i`'s mean share of its solo rate over steps `from..`.
+        fn share(&self, i: usize, from: usize) -> f64 {
+            mean(&self.tenants[i].shares[from..])
+        }
+    }
+
+    /// Seeds of the controllers' random steps: each scenario runs with each, so that their
+    /// re-measurements fall at different moments (and sometimes on each other).
+    const SEEDS: std::ops::Range<u64> = 1..61;
+
+    /// Two containers with their own limits, started together on one GPU: each gets its own
+    /// share of its solo rate, within 3 points over the 65 s from 15 s on (most settle by 8 s:
+    /// two pauses at the same moment cost a second round). Measured unthrottled beside each
+    /// other at start they see half the GPU; mutations: taking the rate measured beside the
+    /// others as the solo rate settles 25 + 25 at 12.5 each; keeping the time check on a
+    /// shared GPU at 2-13% (the H200 gave 10-18%, run 9); without the reading after the
+    /// re-measurement, or without the fair-share bound, some seeds settle far above the limit.
+    #[test]
+    fn two_containers_each_get_their_own_share() {
+        for limits in [[25, 25], [50, 25], [25, 75], [50, 50]] {
+            for seed in SEEDS {
+                let mut gpu = SharedGpu::new(&[Some(limits[0]), Some(limits[1])], seed);
+                gpu.run(400);
+                for (i, l) in limits.iter().enumerate() {
+                    let share = gpu.share(i, 75);
+                    assert!(
+                        (share - *l as f64).abs() <= 3.0,
+                        "limits {limits:?}, seed {seed}: container {i} got {share:.1}% of its \
+                         solo rate"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A container that joins a GPU where another has run alone for 10 s: both hold their
+    /// shares within 3 points over the 20 s after the newcomer's first 5 s (the first one
+    /// notices the device getting busier and measures again, paused).
+    #[test]
+    fn a_container_joining_later_gets_its_share() {
+        for seed in SEEDS {
+            let mut gpu = SharedGpu::new(&[Some(25), Some(25)], seed);
+            gpu.tenants[1].demand = 0.0;
+            gpu.run(50);
+            gpu.tenants[1].demand = 5.0;
+            gpu.run(125);
+            for i in 0..2 {
+                let share = gpu.share(i, 75);
+                assert!(
+                    (share - 25.0).abs() <= 3.0,
+                    "seed {seed}: container {i} got {share:.1}% after the second joined"
+                );
+            }
+        }
+    }
+
+    /// Beside an unlimited neighbour that takes all the time it can, a limited container never
+    /// gets more than its limit (the neighbour's time is not "others at rest", so the paused
+    /// reading is not used to scale the measurement up).
+    #[test]
+    fn an_unlimited_neighbour_never_lifts_the_limit() {
+        for limit in [25, 50, 75] {
+            for seed in SEEDS {
+                let mut gpu = SharedGpu::new(&[Some(limit), None], seed);
+                gpu.run(300);
+                let share = gpu.share(0, 25);
+                assert!(
+                    share <= limit as f64 + 3.0,
+                    "limit {limit}, seed {seed}: {share:.1}% of the solo rate beside an \
+                     unlimited neighbour"
+                );
+            }
+        }
+    }
+
+    /// A neighbour that stops while this container runs unthrottled: the pause after the
+    /// re-measurement reads the device quiet where the one before read the neighbour, so the
+    /// rate measured then (the whole GPU) is not scaled up as if the neighbour had been there.
+    /// Mutation: without the second reading the container takes about 40% of its solo rate
+    /// for its limit of 25.
+    #[test]
+    fn a_neighbour_that_stops_mid_measurement_is_not_counted() {
+        for seed in SEEDS {
+            let mut gpu = SharedGpu::new(&[Some(25), Some(40)], seed);
+            gpu.run(30);
+            // Until the first container runs unthrottled beside the other (its share jumps).
+            let mut steps = 0;
+            while gpu.tenants[0].shares.last().is_some_and(|&s| s < 55.0) && steps < 300 {
+                gpu.run(1);
+                steps += 1;
+            }
+            gpu.tenants[1].demand = 0.0;
+            let from = gpu.tenants[0].shares.len();
+            gpu.run(100);
+            let share = gpu.share(0, from + 10);
+            assert!(
+                share <= 28.0,
+                "seed {seed}: {share:.1}% of the solo rate after the neighbour stopped"
+            );
+        }
+    }
+
+    #[test]
+    fn idle_program_does_not_wind_the_rate_up() {
+        let mut c = Controller::new(50, 1);
+        let busy = Sample {
+            util: Some(100.0),
+            consumed: 1000,
+            period_ns: 1_000_000_000,
+            starved: false,
+            device_util: None,
+            others_present: false,
+        };
+        let mut first = UNMETERED;
+        for _ in 0..PROBE_MIN_STEPS {
+            first = c.step(busy);
+        }
+        assert_eq!(first.rate, 500, "measured, then half of it");
+        assert!(first.forgive_debt);
+        for _ in 0..20 {
+            let r = c.step(Sample {
+                util: Some(5.0),
+                consumed: 10,
+                period_ns: 1_000_000_000,
+                starved: false,
+                device_util: None,
+                others_present: false,
+            });
+            assert!(r.rate <= first.rate, "rate grew to {} while idle", r.rate);
+        }
+    }
+}
