@@ -712,6 +712,9 @@ static const struct {
     {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
+     "the graph update was not performed because it included changes which violated constraints "
+     "specific to instantiated graph update"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -837,7 +840,26 @@ static const struct proc_row g_procs[] = {
     ROWP("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
     ROW("cuGraphCreate", 10000, cuGraphCreate),
     ROW("cuGraphDestroy", 10000, cuGraphDestroy),
+    ROW("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+    ROW("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    ROW("cuGraphAddChildGraphNode", 10000, cuGraphAddChildGraphNode),
+    ROW("cuGraphAddEmptyNode", 10000, cuGraphAddEmptyNode),
+    ROW("cuGraphConditionalHandleCreate", 12030, cuGraphConditionalHandleCreate),
+    ROW("cuGraphAddNode", 12020, cuGraphAddNode),
+    ROW("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    ROW("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    ROW("cuGraphKernelNodeGetParams", 10000, cuGraphKernelNodeGetParams),
+    ROW("cuGraphKernelNodeGetParams", 12000, cuGraphKernelNodeGetParams_v2),
+    ROW("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
+    ROW("cuGraphNodeGetParams", 13020, cuGraphNodeGetParams),
+    /* From 12.0 the base name has cuGraphInstantiateWithFlags's ABI. */
+    ROW("cuGraphInstantiate", 10000, cuGraphInstantiate),
+    ROW("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+    ROW("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
     ROW("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    ROWP("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    ROW("cuGraphExecUpdate", 10020, cuGraphExecUpdate),
+    ROW("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2),
     ROW("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     ROWP("cuGraphLaunch", 10000, cuGraphLaunch),
 };

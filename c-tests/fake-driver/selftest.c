@@ -806,6 +806,113 @@ static void test_streams_graphs(void)
     CU(CUDA_SUCCESS, cuCtxSynchronize());
 }
 
+/* Graphs with nodes: a launch runs every kernel node's blocks, child graphs' and a conditional
+ * node's first body's included. */
+static void test_graph_nodes(void)
+{
+    CUgraph g, child, grand, other;
+    CUgraphNode n[4], got[8];
+    CUgraphExec ge;
+    CUDA_KERNEL_NODE_PARAMS_v2 kp;
+    memset(&kp, 0, sizeof kp);
+    kp.func = g_fn;
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
+    kp.gridDimX = 7, kp.gridDimY = 3, kp.gridDimZ = 2;
+
+    CU(CUDA_SUCCESS, cuGraphCreate(&grand, 0));
+    CU(CUDA_SUCCESS, cuGraphAddKernelNode_v2(&n[0], grand, NULL, 0, &kp));       /* 42 */
+    CU(CUDA_SUCCESS, cuGraphCreate(&child, 0));
+    CU(CUDA_SUCCESS, cuGraphAddChildGraphNode(&n[0], child, NULL, 0, grand));
+    CU(CUDA_SUCCESS, cuGraphAddEmptyNode(&n[1], child, &n[0], 1));
+    CU(CUDA_SUCCESS, cuGraphCreate(&g, 0));
+    CUDA_KERNEL_NODE_PARAMS_v1 k1;
+    memcpy(&k1, &kp, sizeof k1);
+    k1.gridDimX = 100, k1.gridDimY = 1, k1.gridDimZ = 1;
+    CU(CUDA_SUCCESS, cuGraphAddKernelNode(&n[0], g, NULL, 0, &k1));              /* 100 */
+    CU(CUDA_SUCCESS, cuGraphAddChildGraphNode(&n[1], g, &n[0], 1, child));       /* 42 */
+    CU(CUDA_ERROR_INVALID_VALUE, cuGraphAddChildGraphNode(&n[2], g, NULL, 0, g));
+    size_t num = 0;
+    CU(CUDA_SUCCESS, cuGraphGetNodes(g, NULL, &num));
+    EQ(2, num, "cuGraphGetNodes counts the nodes");
+    num = 8;
+    CU(CUDA_SUCCESS, cuGraphGetNodes(g, got, &num));
+    check(num == 2 && got[0] == n[0] && got[1] == n[1] && got[2] == NULL,
+          "cuGraphGetNodes lists them in order and clears the rest");
+    CUgraphNodeType t;
+    CU(CUDA_SUCCESS, cuGraphNodeGetType(n[1], &t));
+    EQ(CU_GRAPH_NODE_TYPE_GRAPH, t, "a child-graph node's type");
+    CUDA_KERNEL_NODE_PARAMS_v2 back;
+    CU(CUDA_SUCCESS, cuGraphKernelNodeGetParams_v2(n[0], &back));
+    EQ(100, back.gridDimX, "cuGraphKernelNodeGetParams_v2 reads the grid back");
+    CU(CUDA_ERROR_INVALID_VALUE, cuGraphKernelNodeGetParams(n[1], &k1));
+    CUgraph inner;
+    CU(CUDA_SUCCESS, cuGraphChildGraphNodeGetGraph(n[1], &inner));
+    check(inner != child, "a child-graph node holds its own copy of the graph");
+    CU(CUDA_ERROR_INVALID_VALUE, cuGraphDestroy(inner));
+
+    CUgraphConditionalHandle h;
+    CUcontext ctx;
+    CU(CUDA_SUCCESS, cuCtxGetCurrent(&ctx));
+    CU(CUDA_SUCCESS, cuGraphConditionalHandleCreate(&h, g, ctx, 1, 0));
+    CUgraphNodeParams np;
+    memset(&np, 0, sizeof np);
+    np.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    np.conditional.handle = h;
+    np.conditional.type = CU_GRAPH_COND_TYPE_IF;
+    np.conditional.size = 2;
+    np.conditional.ctx = ctx;
+    CU(CUDA_SUCCESS, cuGraphAddNode(&n[2], g, NULL, 0, &np));
+    kp.gridDimX = 5, kp.gridDimY = 5, kp.gridDimZ = 1;
+    CU(CUDA_SUCCESS, cuGraphAddKernelNode_v2(&n[3], np.conditional.phGraph_out[0], NULL, 0, &kp)); /* 25 */
+    kp.gridDimX = 1000;
+    CU(CUDA_SUCCESS, cuGraphAddKernelNode_v2(&n[3], np.conditional.phGraph_out[1], NULL, 0, &kp));
+    CUgraphNodeParams rp;
+    CU(CUDA_SUCCESS, cuGraphNodeGetParams(n[2], &rp));
+    check(rp.type == CU_GRAPH_NODE_TYPE_CONDITIONAL && rp.conditional.size == 2 &&
+              rp.conditional.phGraph_out[0] == np.conditional.phGraph_out[0],
+          "cuGraphNodeGetParams reports a conditional node's bodies");
+    CU(CUDA_ERROR_NOT_SUPPORTED, cuGraphAddChildGraphNode(&n[3], child, NULL, 0, g));
+
+    CU(CUDA_SUCCESS, cuGraphInstantiate(&ge, g, NULL, NULL, 0));
+    unsigned long long b0 = fakeGpuBusyNs(0);
+    CU(CUDA_SUCCESS, cuGraphLaunch(ge, NULL));
+    EQ(b0 + (100 + 42 + 25) * 1000ULL, fakeGpuBusyNs(0),
+       "a graph launch runs its kernels, its child graphs' and a conditional's first body");
+
+    /* An update takes another graph's grids if its top level has the same node types. */
+    CU(CUDA_SUCCESS, cuGraphCreate(&other, 0));
+    CUgraphExecUpdateResultInfo info;
+    CU(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, cuGraphExecUpdate_v2(ge, other, &info));
+    EQ(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, info.result, "an update to another topology fails");
+    kp.gridDimX = 9, kp.gridDimY = 1;
+    CU(CUDA_SUCCESS, cuGraphAddKernelNode_v2(&n[0], other, NULL, 0, &kp));
+    CU(CUDA_SUCCESS, cuGraphAddChildGraphNode(&n[1], other, NULL, 0, grand));
+    CU(CUDA_SUCCESS, cuGraphAddEmptyNode(&n[2], other, NULL, 0));
+    CUgraphExecUpdateResult res;
+    CU(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, cuGraphExecUpdate(ge, other, NULL, &res));
+    CU(CUDA_SUCCESS, cuGraphDestroy(other));
+    CU(CUDA_SUCCESS, cuGraphCreate(&other, 0));
+    CU(CUDA_SUCCESS, cuGraphAddKernelNode_v2(&n[0], other, NULL, 0, &kp));      /* 9 */
+    CU(CUDA_SUCCESS, cuGraphAddChildGraphNode(&n[1], other, NULL, 0, grand));   /* 42 */
+    CU(CUDA_SUCCESS, cuGraphAddNode(&n[2], other, NULL, 0, &np));               /* empty body */
+    CU(CUDA_SUCCESS, cuGraphExecUpdate(ge, other, NULL, &res));
+    b0 = fakeGpuBusyNs(0);
+    CU(CUDA_SUCCESS, cuGraphLaunch(ge, NULL));
+    EQ(b0 + (9 + 42) * 1000ULL, fakeGpuBusyNs(0), "after cuGraphExecUpdate a launch runs the new grids");
+    CU(CUDA_SUCCESS, cuGraphExecDestroy(ge));
+
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+    memset(&ip, 0, sizeof ip);
+    CU(CUDA_SUCCESS, cuGraphInstantiateWithParams_ptsz(&ge, other, &ip));
+    EQ(CUDA_GRAPH_INSTANTIATE_SUCCESS, ip.result_out, "cuGraphInstantiateWithParams_ptsz");
+    CU(CUDA_SUCCESS, cuGraphExecDestroy(ge));
+    CU(CUDA_SUCCESS, cuGraphDestroy(other));
+    CU(CUDA_SUCCESS, cuGraphDestroy(g));
+    CU(CUDA_SUCCESS, cuGraphDestroy(child));
+    CU(CUDA_SUCCESS, cuGraphDestroy(grand));
+    CU(CUDA_SUCCESS, cuCtxSynchronize());
+}
+
 /* ---------------- cuGetProcAddress ---------------- */
 
 static void test_proc_address(void)
@@ -866,6 +973,14 @@ static void test_proc_address(void)
         {"cuLaunchCooperativeKernel", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuLaunchCooperativeKernel_ptsz"},
         {"cuGraphLaunch", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuGraphLaunch_ptsz"},
         {"cuGraphLaunch", 12000, 0, "cuGraphLaunch"},
+        {"cuGraphInstantiate", 10000, 0, "cuGraphInstantiate"},
+        {"cuGraphInstantiate", 11040, 0, "cuGraphInstantiate_v2"},
+        {"cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags"},
+        {"cuGraphInstantiateWithParams", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+         "cuGraphInstantiateWithParams_ptsz"},
+        {"cuGraphExecUpdate", 11000, 0, "cuGraphExecUpdate"},
+        {"cuGraphExecUpdate", 12000, 0, "cuGraphExecUpdate_v2"},
+        {"cuGraphKernelNodeGetParams", 12000, 0, "cuGraphKernelNodeGetParams_v2"},
         {"cuMemAllocAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemAllocAsync_ptsz"},
         {"cuMemFreeAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemFreeAsync_ptsz"},
         {"cuMemAllocFromPoolAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemAllocFromPoolAsync_ptsz"},
@@ -1651,6 +1766,7 @@ int main(int argc, char **argv)
     test_contexts();
     test_launches();
     test_streams_graphs();
+    test_graph_nodes();
     test_proc_address();
     test_errors();
     test_nvml_basic();

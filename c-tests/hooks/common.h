@@ -310,6 +310,29 @@ static __attribute__((unused)) unsigned long long real_used_by(int dev, int pid)
 
 /* ---------------- CUDA helpers ---------------- */
 
+/* cuInit, then a new context on CUDA device `ordinal`, current on this thread. */
+static __attribute__((unused)) CUcontext create_context(int ordinal)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CU(cuInit(0));
+    CU(cuDeviceGet(&dev, ordinal));
+    CU(cuCtxCreate_v2(&ctx, 0, dev));
+    return ctx;
+}
+
+/* Kernel node parameters: `f` on a grid of x*y*z blocks of 32 threads. */
+static __attribute__((unused)) CUDA_KERNEL_NODE_PARAMS_v2 kernel_node(CUfunction f, unsigned x,
+                                                                      unsigned y, unsigned z)
+{
+    CUDA_KERNEL_NODE_PARAMS_v2 p;
+    memset(&p, 0, sizeof p);
+    p.func = f;
+    p.gridDimX = x, p.gridDimY = y, p.gridDimZ = z;
+    p.blockDimX = 32, p.blockDimY = 1, p.blockDimZ = 1;
+    return p;
+}
+
 /* used = total - free, as an application sees it through cuMemGetInfo_v2. */
 static __attribute__((unused)) unsigned long long seen_used(void)
 {

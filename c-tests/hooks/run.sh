@@ -81,6 +81,10 @@ t herd-6g 120 CUDA_DEVICE_MEMORY_LIMIT=6g HK_LIMIT=6g HK_PROCS=16 FAKE_CTX_BYTES
 t devices 120 FAKE_CUDA_DEVICES=2 CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g FAKE_CTX_BYTES=64m -- "$build/t_devices"
 t config 120 -- bash "$here/config.sh" "$build"
 t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit"
+# A CUDA graph costs the SM limiter its kernels' blocks, counted at instantiation (nested
+# child graphs, conditional bodies, every instantiate and update entry point).
+t graph 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m GPU_CORE_UTILIZATION_POLICY=force \
+    CUDA_DEVICE_SM_LIMIT=50 -- "$build/t_graph"
 # The same on a clock past 2^31 ms (25.5 days of uptime), in a time namespace of its own: the
 # controller lease's expiry wraps at 32 bits, and a wrong comparison there left every device
 # without a controller, unthrottled, on hosts up 24.8 to 49.7 days.

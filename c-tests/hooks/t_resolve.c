@@ -43,7 +43,10 @@ int main(void)
         "cuDevicePrimaryCtxRelease_v2", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2",
         "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
         "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch",
-        "cuGraphLaunch_ptsz", NULL};
+        "cuGraphLaunch_ptsz", "cuGraphInstantiate", "cuGraphInstantiate_v2",
+        "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams",
+        "cuGraphInstantiateWithParams_ptsz", "cuGraphExecUpdate", "cuGraphExecUpdate_v2",
+        "cuGraphExecDestroy", NULL};
     int good = 0, total = 0;
     for (int i = 0; hooked[i]; i++) {
         void *via = dlsym(cuda, hooked[i]);
@@ -128,6 +131,17 @@ int main(void)
         {"cuGraphLaunch", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
          "cuGraphLaunch_ptsz"},
         {"cuLaunchCooperativeKernel", 12000, 0, "cuLaunchCooperativeKernel"},
+        {"cuGraphInstantiate", 10000, 0, "cuGraphInstantiate"},
+        {"cuGraphInstantiate", 11000, 0, "cuGraphInstantiate_v2"},
+        {"cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags"},
+        {"cuGraphInstantiateWithFlags", 12080, 0, "cuGraphInstantiateWithFlags"},
+        {"cuGraphInstantiateWithParams", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+         "cuGraphInstantiateWithParams_ptsz"},
+        {"cuGraphInstantiateWithParams", 12000, 0, "cuGraphInstantiateWithParams"},
+        {"cuGraphExecUpdate", 11000, 0, "cuGraphExecUpdate"},
+        {"cuGraphExecUpdate", 12000, 0, "cuGraphExecUpdate_v2"},
+        {"cuGraphExecDestroy", 12000, 0, "cuGraphExecDestroy"},
+        {"cuGraphGetNodes", 12000, 0, NULL},
         {"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"},
         {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
         {"cuMemCreate", 12000, 0, "cuMemCreate"},

@@ -14,7 +14,11 @@
  *   monitor's "one task alone"): no throttling;
  * - the region's recent_kernel at -1 (the monitor's priority gate): launches wait until it is
  *   lifted;
- * - two devices with CUDA_DEVICE_SM_LIMIT_0=25 only: device 0 is throttled, device 1 is not.
+ * - two devices with CUDA_DEVICE_SM_LIMIT_0=25 only: device 0 is throttled, device 1 is not;
+ * - CUDA graphs: a worker replaying a graph of the same 4 kernels (one cuGraphLaunch per batch)
+ *   falls to the limit of its unlimited rate, and beside a worker launching the kernels one by
+ *   one under one 25% limit the two together get 25% (a graph launch costs its kernels' blocks,
+ *   counted at instantiation; at one token per graph launch the graph worker ran unthrottled).
  *
  * Independent runs go in parallel, each with its own stand-in GPU and region.
  */
@@ -44,15 +48,35 @@ static void *lift_gate(void *arg)
     return NULL;
 }
 
+/* The batch as a graph of 4 kernel nodes (the graph workers), else NULL. */
+static CUgraphExec g_batch;
+
 static double launch_batch(CUfunction f)
 {
-    for (int i = 0; i < 4; i++)
-        CU(cuLaunchKernel(f, BLOCKS, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    if (g_batch)
+        CU(cuGraphLaunch(g_batch, NULL));
+    else
+        for (int i = 0; i < 4; i++)
+            CU(cuLaunchKernel(f, BLOCKS, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     CU(cuCtxSynchronize());
     return 4.0 * BLOCKS;
 }
 
-/* worker OUT [switch0|gate|dev1]: writes "rate R first_ms M" to OUT. */
+static CUgraphExec batch_graph(CUfunction f)
+{
+    CUgraph g;
+    CUgraphNode n;
+    CUgraphExec ge;
+    CUDA_KERNEL_NODE_PARAMS_v2 p = kernel_node(f, BLOCKS, 1, 1);
+    CU(cuGraphCreate(&g, 0));
+    for (int i = 0; i < 4; i++)
+        CU(cuGraphAddKernelNode_v2(&n, g, NULL, 0, &p));
+    CU(cuGraphInstantiateWithFlags(&ge, g, 0));
+    CU(cuGraphDestroy(g));
+    return ge;
+}
+
+/* worker OUT [switch0|gate|dev1|graph]: writes "rate R first_ms M" to OUT. */
 static int worker(const char *out, const char *mode)
 {
     if (mode && strcmp(mode, "-") == 0)
@@ -64,6 +88,8 @@ static int worker(const char *out, const char *mode)
     CU(cuDeviceGet(&dev, mode && strcmp(mode, "dev1") == 0 ? 1 : 0));
     CU(cuCtxCreate_v2(&ctx, 0, dev));
     CUfunction f = load_spin_kernel();
+    if (mode && strcmp(mode, "graph") == 0)
+        g_batch = batch_graph(f);
     shared_region_t *r = region_rw();
     pthread_t lifter;
     int gate = mode && strcmp(mode, "gate") == 0;
@@ -94,7 +120,7 @@ static int worker(const char *out, const char *mode)
 struct run {
     const char *name;
     const char *env[4];
-    const char *mode;
+    const char *mode; /* "mixed": process 0 launches kernels, process 1 a graph */
     int procs;
     double rate;     /* blocks per second, summed over the run's processes */
     double first_ms; /* the first batch's latency (the gate run) */
@@ -117,7 +143,8 @@ static void start(struct run *r, const char *self)
         for (int k = 0; r->env[k]; k++)
             env[n++] = (char *)r->env[k];
         env[n] = NULL;
-        char *argv[] = {(char *)self, "worker", out, (char *)(r->mode ? r->mode : "-"), NULL};
+        const char *mode = !r->mode ? "-" : strcmp(r->mode, "mixed") ? r->mode : i ? "graph" : "-";
+        char *argv[] = {(char *)self, "worker", out, (char *)mode, NULL};
         r->pid[i] = spawn(argv, env);
     }
 }
@@ -137,6 +164,8 @@ static void collect(struct run *r)
         } else {
             r->rate += rate;
             r->first_ms = first;
+            if (r->procs > 1)
+                INFO("%-10s worker %d: %.0f blocks/s", r->name, i, rate);
         }
         if (f)
             fclose(f);
@@ -162,10 +191,13 @@ int main(int argc, char **argv)
         {.name = "switch0", .env = {"CUDA_DEVICE_SM_LIMIT=25"}, .mode = "switch0", .procs = 1},
         {.name = "dev0of2", .env = {"FAKE_CUDA_DEVICES=2", "GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT_0=25"}, .procs = 1},
         {.name = "dev1of2", .env = {"FAKE_CUDA_DEVICES=2", "GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT_0=25"}, .mode = "dev1", .procs = 1},
+        {.name = "graph", .mode = "graph", .procs = 1},
+        {.name = "graph25", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=25"}, .mode = "graph", .procs = 1},
     };
     struct run phase2[] = {
         {.name = "shared25", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=25"}, .procs = 2},
         {.name = "gate", .env = {"CUDA_DEVICE_SM_LIMIT=50"}, .mode = "gate", .procs = 1},
+        {.name = "mixed25", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=25"}, .mode = "mixed", .procs = 2},
     };
     int n1 = sizeof phase1 / sizeof phase1[0], n2 = sizeof phase2 / sizeof phase2[0];
     for (int i = 0; i < n1; i++)
@@ -198,6 +230,16 @@ int main(int argc, char **argv)
           "two devices, CUDA_DEVICE_SM_LIMIT_0=25: device 0 gets %.1f%% (want 15..35)", SHARE(phase1[5]));
     CHECK(SHARE(phase1[6]) >= 85, "two devices, CUDA_DEVICE_SM_LIMIT_0=25: device 1 gets %.1f%%, not throttled",
           SHARE(phase1[6]));
+    double graph_base = phase1[7].rate;
+    CHECK(graph_base > 0.5 * base, "the unlimited graph worker keeps the stand-in GPU as busy "
+          "(%.0f blocks/s)", graph_base);
+    CHECK(graph_base > 0 && 100.0 * phase1[8].rate / graph_base >= 15 &&
+              100.0 * phase1[8].rate / graph_base <= 35,
+          "a 25%% limit (force) gives a graph-replaying worker %.1f%% of its unlimited rate "
+          "(want 15..35)", graph_base > 0 ? 100.0 * phase1[8].rate / graph_base : -1.0);
+    CHECK(SHARE(phase2[2]) >= 15 && SHARE(phase2[2]) <= 35,
+          "a kernel worker and a graph worker under one 25%% limit together get %.1f%% (want "
+          "15..35: a graph launch costs its blocks)", SHARE(phase2[2]));
     CHECK(phase2[1].first_ms >= 800,
           "recent_kernel at -1 holds launches until the monitor lifts it (first batch after %.0f ms, "
           "lifted at 1000)", phase2[1].first_ms);

@@ -78,6 +78,11 @@ pub fn start(rt: &'static Runtime, source: UtilSource) {
     }
 }
 
+/// Whether any device of this process has an SM limit (after [`start`]).
+pub fn any_limited() -> bool {
+    LIMITED.load(Ordering::Relaxed) != 0
+}
+
 /// Called before every kernel launch on region device `dev` with the launch's block count.
 pub fn before_launch(dev: usize, blocks: u64) {
     if dev >= 32 || LIMITED.load(Ordering::Relaxed) & (1 << dev) == 0 {

@@ -1,14 +1,14 @@
 //! Kernel launches and `cuInit`: every launch form (legacy and per-thread default stream,
 //! `cuLaunchKernelEx`, cooperative launches and graph launches) passes through
 //! [`crate::sm_limit::before_launch`] with the region device of the current context and the
-//! launch's block count, then the real launch. A graph launch's block count is not known (its
-//! kernels were captured earlier), so it is reported as 0.
+//! launch's block count, then the real launch. A graph launch's block count is the one counted
+//! when the graph was instantiated ([`super::graph`]); one block for a graph not seen then.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::types::*;
-use super::{devices, guard, nvml, real};
+use super::{devices, graph, guard, nvml, real};
 
 /// Before a launch of `blocks` blocks on the current device: waits while suspended, records the
 /// launch for HAMi's monitor (`last_kernel_time`), and calls the SM limiter.
@@ -37,6 +37,11 @@ fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
     u64::from(x)
         .saturating_mul(u64::from(y))
         .saturating_mul(u64::from(z))
+}
+
+/// The blocks of a launch's grid, saturating.
+pub(crate) fn grid_blocks(d: &LaunchDims) -> u64 {
+    blocks(d.grid_dim_x, d.grid_dim_y, d.grid_dim_z)
 }
 
 /// cbindgen:ignore
@@ -162,7 +167,7 @@ macro_rules! launch_ex {
                 };
                 // SAFETY: null-checked; per the API a non-null config points to a CUlaunchConfig.
                 if let Some(c) = unsafe { config.as_ref() } {
-                    before_launch(blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
+                    before_launch(grid_blocks(&c.dims));
                 }
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { real_fn(config, f, kernel_params, extra) }
@@ -182,7 +187,7 @@ macro_rules! graph_launch {
                 let Some(real_fn) = real::$name.require() else {
                     return CUresult::NOT_FOUND;
                 };
-                before_launch(0);
+                before_launch(graph::launch_blocks(exec).unwrap_or(1));
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { real_fn(exec, h_stream) }
             })

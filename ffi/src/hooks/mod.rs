@@ -58,6 +58,7 @@ use crate::runtime::{self, Runtime};
 pub mod context;
 pub mod devices;
 pub mod dlsym;
+pub mod graph;
 pub mod host_pid;
 pub mod launch;
 pub mod memory;

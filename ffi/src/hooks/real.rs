@@ -279,6 +279,21 @@ real_fns! { CUDA;
     cuLaunchCooperativeKernel_ptsz(CUfunction, u32, u32, u32, u32, u32, u32, u32, CUstream, VoidPP) -> CUresult;
     cuGraphLaunch(CUgraphExec, CUstream) -> CUresult;
     cuGraphLaunch_ptsz(CUgraphExec, CUstream) -> CUresult;
+
+    cuGraphInstantiate(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize) -> CUresult;
+    cuGraphInstantiate_v2(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize) -> CUresult;
+    cuGraphInstantiateWithFlags(*mut CUgraphExec, CUgraph, u64) -> CUresult;
+    cuGraphInstantiateWithParams(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult;
+    cuGraphInstantiateWithParams_ptsz(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult;
+    cuGraphExecUpdate(CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_int) -> CUresult;
+    cuGraphExecUpdate_v2(CUgraphExec, CUgraph, *mut c_void) -> CUresult;
+    cuGraphExecDestroy(CUgraphExec) -> CUresult;
+    cuGraphGetNodes(CUgraph, *mut CUgraphNode, SizeP) -> CUresult;
+    cuGraphNodeGetType(CUgraphNode, *mut c_int) -> CUresult;
+    cuGraphKernelNodeGetParams(CUgraphNode, *mut CudaKernelNodeParams) -> CUresult;
+    cuGraphKernelNodeGetParams_v2(CUgraphNode, *mut CudaKernelNodeParams) -> CUresult;
+    cuGraphChildGraphNodeGetGraph(CUgraphNode, *mut CUgraph) -> CUresult;
+    cuGraphNodeGetParams(CUgraphNode, *mut CUgraphNodeParams) -> CUresult;
 }
 
 real_fns! { NVML;

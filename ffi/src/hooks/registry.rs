@@ -4,7 +4,7 @@
 
 use super::real::{self, Real};
 use super::types::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-use super::{context, launch, memory, nvml, nvml_procs, procaddr};
+use super::{context, graph, launch, memory, nvml, nvml_procs, procaddr};
 
 /// Something with a real address (a [`Real`] of any signature).
 pub trait RealAddr {
@@ -120,6 +120,20 @@ pub static FAMILIES: &[Family] = &[
     fam!(cuGraphLaunch:
         v!(launch::cuGraphLaunch, 10000),
         v!(launch::cuGraphLaunch_ptsz, 10000, true)),
+    // From CUDA 12.0 the base name `cuGraphInstantiate` has the ABI of
+    // `cuGraphInstantiateWithFlags` (cudaTypedefs.h: PFN_cuGraphInstantiate is
+    // PFN_cuGraphInstantiateWithFlags_v11040), which the driver returns for it.
+    fam!(cuGraphInstantiate:
+        v!(graph::cuGraphInstantiate, 10000),
+        v!(graph::cuGraphInstantiate_v2, 11000),
+        v!(graph::cuGraphInstantiateWithFlags, 12000)),
+    fam!(cuGraphInstantiateWithParams:
+        v!(graph::cuGraphInstantiateWithParams, 12000),
+        v!(graph::cuGraphInstantiateWithParams_ptsz, 12000, true)),
+    fam!(cuGraphExecUpdate:
+        v!(graph::cuGraphExecUpdate, 10020),
+        v!(graph::cuGraphExecUpdate_v2, 12000)),
+    fam!(cuGraphExecDestroy: v!(graph::cuGraphExecDestroy, 10000)),
     fam!(nvmlDeviceGetMemoryInfo: v!(nvml::nvmlDeviceGetMemoryInfo, 0)),
     fam!(nvmlDeviceGetMemoryInfo_v2: v!(nvml::nvmlDeviceGetMemoryInfo_v2, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses:

@@ -1,10 +1,11 @@
 //! What this process allocated and has not freed yet: pointer (or handle) → region device,
 //! accounted bytes, owning context. A free looks its record up to release exactly what the
 //! allocation reserved, on the device it reserved it on, whatever the current device is then.
+//! Beside them, the stream-ordered pools' models and the block count of each executable graph.
 //!
 //! Sixteen shards, each a short spin lock over a hash map, so threads allocating at once rarely
 //! meet; a critical section is one map operation. A fork copies the maps in whatever state the
-//! other threads left them: the fork handlers (`crate::fork`) take every shard before the fork
+//! other threads left them: the fork handlers (`crate::fork`) take every lock before the fork
 //! and release them after it in both processes, and the child then forgets every record (a CUDA
 //! context does not survive fork; the child accounts afresh in its own slot).
 
@@ -111,57 +112,87 @@ type Map = HashMap<Key, Record, BuildHasherDefault<KeyHasher>>;
 
 const SHARDS: usize = 16;
 
-struct Shard {
+/// A value behind a short spin lock, held across `fork` by the fork handlers.
+struct Locked<T> {
     locked: AtomicBool,
-    map: UnsafeCell<Map>,
+    value: UnsafeCell<T>,
 }
 
-// SAFETY: `map` is only touched while `locked` is held (see `with`), which makes access
-// exclusive across threads.
-unsafe impl Sync for Shard {}
+// SAFETY: `value` is only touched while `locked` is held (see `with`) or in the single-threaded
+// fork child after `hold` took the lock, which makes access exclusive across threads.
+unsafe impl<T: Send> Sync for Locked<T> {}
 
-impl Shard {
-    const fn new() -> Self {
-        Shard {
+impl<T> Locked<T> {
+    const fn new(value: T) -> Self {
+        Locked {
             locked: AtomicBool::new(false),
-            map: UnsafeCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
+            value: UnsafeCell::new(value),
         }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut Map) -> R) -> R {
+    /// Runs `f` on the value, one thread at a time.
+    fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         crate::fork::install();
         let _held = crate::runtime::spin_lock(&self.locked);
-        // SAFETY: we hold the shard's lock, so no other reference to the map exists.
-        f(unsafe { &mut *self.map.get() })
+        // SAFETY: we hold the lock, so no other reference to the value exists.
+        f(unsafe { &mut *self.value.get() })
+    }
+
+    /// Takes the lock before `fork` (released by [`Locked::release`] or
+    /// [`Locked::reset_in_child`]).
+    fn hold(&self) {
+        std::mem::forget(crate::runtime::spin_lock(&self.locked));
+    }
+
+    /// Releases what [`Locked::hold`] took.
+    fn release(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
+    /// In the fork child: applies `reset` to the value and releases what [`Locked::hold`] took.
+    fn reset_in_child(&self, reset: impl FnOnce(&mut T)) {
+        // SAFETY: the child has one thread and `hold` took the lock before the fork, so nothing
+        // else can reference the value.
+        reset(unsafe { &mut *self.value.get() });
+        self.release();
     }
 }
 
-static TABLE: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
+type Shard = Locked<Map>;
+
+static TABLE: [Shard; SHARDS] =
+    [const { Locked::new(HashMap::with_hasher(BuildHasherDefault::new())) }; SHARDS];
 
 /// Pool handle → its model.
 pub type PoolMap = HashMap<usize, PoolState, BuildHasherDefault<KeyHasher>>;
 
-struct PoolShard {
-    locked: AtomicBool,
-    map: UnsafeCell<PoolMap>,
-}
-
-// SAFETY: as for `Shard`: `map` is only touched while `locked` is held.
-unsafe impl Sync for PoolShard {}
-
-static POOLS: PoolShard = PoolShard {
-    locked: AtomicBool::new(false),
-    map: UnsafeCell::new(HashMap::with_hasher(BuildHasherDefault::new())),
-};
+static POOLS: Locked<PoolMap> = Locked::new(HashMap::with_hasher(BuildHasherDefault::new()));
 
 /// Runs `f` on the pool states, one thread at a time (the lock is held across `f`, which may
 /// reserve in the region and call the real `cuMemPoolTrimTo`, so a pool's model and its
 /// accounting change together).
 pub fn with_pools<R>(f: impl FnOnce(&mut PoolMap) -> R) -> R {
-    crate::fork::install();
-    let _held = crate::runtime::spin_lock(&POOLS.locked);
-    // SAFETY: we hold the pools' lock, so no other reference to the map exists.
-    f(unsafe { &mut *POOLS.map.get() })
+    POOLS.with(f)
+}
+
+/// Executable graph (`CUgraphExec`) → blocks one launch of it runs (`super::graph`).
+type GraphMap = HashMap<usize, u64, BuildHasherDefault<KeyHasher>>;
+
+static GRAPHS: Locked<GraphMap> = Locked::new(HashMap::with_hasher(BuildHasherDefault::new()));
+
+/// Records that a launch of the executable graph `exec` runs `blocks` blocks.
+pub(crate) fn set_graph_blocks(exec: usize, blocks: u64) {
+    GRAPHS.with(|m| m.insert(exec, blocks));
+}
+
+/// The blocks a launch of `exec` runs, if recorded.
+pub(crate) fn graph_blocks(exec: usize) -> Option<u64> {
+    GRAPHS.with(|m| m.get(&exec).copied())
+}
+
+/// Forgets `exec` (destroyed).
+pub(crate) fn forget_graph(exec: usize) {
+    GRAPHS.with(|m| m.remove(&exec));
 }
 
 fn shard(key: &Key) -> &'static Shard {
@@ -224,33 +255,30 @@ pub fn remove_context(ctx: usize, mut release: impl FnMut(Key, Record)) {
     }
 }
 
-/// Takes every lock of the tables across `fork` (released by the after-fork handlers, so the
-/// guards are forgotten here).
+/// Takes every lock of the tables across `fork` (released by the after-fork handlers).
 pub(crate) fn before_fork() {
-    std::mem::forget(crate::runtime::spin_lock(&POOLS.locked));
+    GRAPHS.hold();
+    POOLS.hold();
     for s in &TABLE {
-        std::mem::forget(crate::runtime::spin_lock(&s.locked));
+        s.hold();
     }
 }
 
 /// Releases what [`before_fork`] took, in the parent.
 pub(crate) fn after_fork_parent() {
     for s in TABLE.iter().rev() {
-        s.locked.store(false, Ordering::Release);
+        s.release();
     }
-    POOLS.locked.store(false, Ordering::Release);
+    POOLS.release();
+    GRAPHS.release();
 }
 
-/// Empties the tables and releases what [`before_fork`] took, in the child.
+/// Empties the tables and releases what [`before_fork`] took, in the child (`clear` keeps the
+/// capacity and does not allocate).
 pub(crate) fn after_fork_child() {
-    // SAFETY: the child has one thread and `before_fork` took the pools' lock, so nothing else
-    // can reference the map. `clear` keeps the capacity and does not allocate.
-    unsafe { (*POOLS.map.get()).clear() };
-    POOLS.locked.store(false, Ordering::Release);
+    POOLS.reset_in_child(|m| m.clear());
     for s in TABLE.iter().rev() {
-        // SAFETY: the child has one thread and `before_fork` took every shard's lock, so nothing
-        // else can reference the map. `clear` keeps the capacity and does not allocate.
-        unsafe { (*s.map.get()).clear() };
-        s.locked.store(false, Ordering::Release);
+        s.reset_in_child(|m| m.clear());
     }
+    GRAPHS.reset_in_child(|m| m.clear());
 }

@@ -49,6 +49,10 @@ pub type CUmipmappedArray = *mut c_void;
 pub type CUfunction = *mut c_void;
 /// `CUgraphExec`.
 pub type CUgraphExec = *mut c_void;
+/// `CUgraph`.
+pub type CUgraph = *mut c_void;
+/// `CUgraphNode`.
+pub type CUgraphNode = *mut c_void;
 /// `CUmemGenericAllocationHandle`.
 pub type CUmemGenericAllocationHandle = u64;
 /// `cuuint64_t`.
@@ -62,6 +66,12 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
 /// `CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+/// `CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL`.
+pub const CU_GRAPH_NODE_TYPE_KERNEL: c_int = 0;
+/// `CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH` (a child graph).
+pub const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
+/// `CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL` (CUDA 12.3).
+pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: c_int = 13;
 
 /// `CUmemLocation`.
 #[repr(C)]
@@ -192,10 +202,11 @@ pub struct CudaArrayMemoryRequirements {
     pub reserved: [c_uint; 4],
 }
 
-/// `CUlaunchConfig`.
+/// A launch's grid, block and dynamic shared-memory sizes: seven `unsigned int`s, laid out alike
+/// at the start of `CUlaunchConfig` and after `func` in `CUDA_KERNEL_NODE_PARAMS`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CUlaunchConfig {
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LaunchDims {
     /// Grid width in blocks.
     pub grid_dim_x: c_uint,
     /// Grid height in blocks.
@@ -210,12 +221,106 @@ pub struct CUlaunchConfig {
     pub block_dim_z: c_uint,
     /// Dynamic shared memory per block.
     pub shared_mem_bytes: c_uint,
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUlaunchConfig {
+    /// `gridDimX` to `sharedMemBytes`.
+    pub dims: LaunchDims,
     /// The stream.
     pub h_stream: CUstream,
     /// `CUlaunchAttribute *attrs`.
     pub attrs: *mut c_void,
     /// Number of attributes.
     pub num_attrs: c_uint,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (72 bytes; what `cuGraphKernelNodeGetParams_v2` writes). Its first
+/// 56 bytes are `CUDA_KERNEL_NODE_PARAMS_v1`, all that the unversioned `cuGraphKernelNodeGetParams`
+/// writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaKernelNodeParams {
+    /// `CUfunction func`.
+    pub func: CUfunction,
+    /// `gridDimX` to `sharedMemBytes`.
+    pub dims: LaunchDims,
+    /// `void **kernelParams`.
+    pub kernel_params: *mut *mut c_void,
+    /// `void **extra`.
+    pub extra: *mut *mut c_void,
+    /// `CUkernel kern` (v2 only).
+    pub kern: *mut c_void,
+    /// `CUcontext ctx` (v2 only).
+    pub ctx: CUcontext,
+}
+
+impl CudaKernelNodeParams {
+    /// All zero, for the driver to fill in.
+    pub fn zeroed() -> Self {
+        CudaKernelNodeParams {
+            func: std::ptr::null_mut(),
+            dims: LaunchDims::default(),
+            kernel_params: std::ptr::null_mut(),
+            extra: std::ptr::null_mut(),
+            kern: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+        }
+    }
+}
+
+/// `CUDA_CONDITIONAL_NODE_PARAMS` (CUDA 12.3).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaConditionalNodeParams {
+    /// `CUgraphConditionalHandle handle`.
+    pub handle: u64,
+    /// `CUgraphConditionalNodeType type` (if, while, switch).
+    pub type_: c_int,
+    /// Entries of `ph_graph_out`.
+    pub size: c_uint,
+    /// `CUgraph *phGraph_out`: the driver-owned array of body graphs.
+    pub ph_graph_out: *mut CUgraph,
+    /// `CUcontext ctx`.
+    pub ctx: CUcontext,
+}
+
+/// `CUgraphNodeParams` (256 bytes), declared with the one union member read here (the
+/// conditional parameters, at the union's offset 16) and the rest of the union as padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUgraphNodeParams {
+    /// `CUgraphNodeType type`.
+    pub type_: c_int,
+    /// `int reserved0[3]`.
+    pub reserved0: [c_int; 3],
+    /// The union's `conditional` member.
+    pub conditional: CudaConditionalNodeParams,
+    /// The rest of the 232-byte union.
+    pub union_rest: [u64; 25],
+    /// `long long reserved2`.
+    pub reserved2: i64,
+}
+
+impl CUgraphNodeParams {
+    /// All zero, for the driver to fill in (its API wants unused bytes zeroed).
+    pub const fn zeroed() -> Self {
+        CUgraphNodeParams {
+            type_: 0,
+            reserved0: [0; 3],
+            conditional: CudaConditionalNodeParams {
+                handle: 0,
+                type_: 0,
+                size: 0,
+                ph_graph_out: std::ptr::null_mut(),
+                ctx: std::ptr::null_mut(),
+            },
+            union_rest: [0; 25],
+            reserved2: 0,
+        }
+    }
 }
 
 /// `CUuuid`.
@@ -342,6 +447,16 @@ mod tests {
         assert_eq!(size_of::<CudaArrayMemoryRequirements>(), 32);
         assert_eq!(offset_of!(CUlaunchConfig, h_stream), 32);
         assert_eq!(size_of::<CUlaunchConfig>(), 56);
+        assert_eq!(size_of::<LaunchDims>(), 28);
+        assert_eq!(offset_of!(CudaKernelNodeParams, dims), 8);
+        assert_eq!(offset_of!(CudaKernelNodeParams, kernel_params), 40);
+        assert_eq!(offset_of!(CudaKernelNodeParams, kern), 56);
+        assert_eq!(size_of::<CudaKernelNodeParams>(), 72);
+        assert_eq!(size_of::<CudaConditionalNodeParams>(), 32);
+        assert_eq!(offset_of!(CudaConditionalNodeParams, ph_graph_out), 16);
+        assert_eq!(offset_of!(CUgraphNodeParams, conditional), 16);
+        assert_eq!(offset_of!(CUgraphNodeParams, reserved2), 248);
+        assert_eq!(size_of::<CUgraphNodeParams>(), 256);
         assert_eq!(size_of::<NvmlMemory>(), 24);
         assert_eq!(size_of::<NvmlMemoryV2>(), 40);
         assert_eq!(offset_of!(NvmlMemoryV2, total), 8);

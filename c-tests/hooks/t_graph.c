@@ -1,0 +1,158 @@
+/*
+ * t_graph: a CUDA graph's launch costs the SM limiter the blocks of every kernel it runs,
+ * counted when the graph is instantiated. Run with an SM limit and
+ * GPU_CORE_UTILIZATION_POLICY=force, so that every launch draws its cost from device 0's token
+ * bucket; the bucket's `spent` (the region's tail, hami_ext_t) grows by exactly that cost.
+ *
+ * The graph: a kernel node of 100 blocks (added through the v1 entry point), a child graph
+ * holding a 7x3x2 kernel, an empty node and a grandchild graph with an 11-block kernel, and an
+ * `if` conditional node whose bodies hold 25 and 60 blocks (the largest body counts once):
+ * 100 + 42 + 11 + 60 = 213 blocks. Every instantiation entry point counts it (also the one
+ * cuGetProcAddress returns for `cuGraphInstantiate` at CUDA 12.0); cuGraphExecUpdate(_v2)
+ * recounts; an executable graph destroyed, or instantiated behind the library's back, costs one
+ * block; the stand-in GPU runs what it was given (its conditional runs the first body).
+ */
+#include "common.h"
+
+#define WANT (100u + 42u + 11u + 60u)
+
+/* Blocks spent on region device 0 by every launch so far. */
+static unsigned long long spent(void)
+{
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    unsigned long long v = 0;
+    int fd = open(path, O_RDONLY);
+    off_t at = EXT_OFFSET + offsetof(hami_ext_t, buckets) + offsetof(SmBucket, spent);
+    if (fd < 0 || pread(fd, &v, sizeof v, at) != (ssize_t)sizeof v)
+        v = ~0ULL;
+    if (fd >= 0)
+        close(fd);
+    return v;
+}
+
+/* Blocks one launch of `ge` costs the limiter. */
+static unsigned long long cost(CUgraphExec ge)
+{
+    unsigned long long b = spent();
+    CU(cuGraphLaunch(ge, NULL));
+    return spent() - b;
+}
+
+/* The graph described above, with `top` blocks in its first node and `body0`, `body1` in the
+ * conditional's bodies. */
+static CUgraph build(CUfunction f, unsigned top, unsigned body0, unsigned body1)
+{
+    CUgraph g, child, grand;
+    CUgraphNode n;
+    CUDA_KERNEL_NODE_PARAMS_v2 k = kernel_node(f, 11, 1, 1);
+    CU(cuGraphCreate(&grand, 0));
+    CU(cuGraphAddKernelNode_v2(&n, grand, NULL, 0, &k));
+    CU(cuGraphCreate(&child, 0));
+    k = kernel_node(f, 7, 3, 2);
+    CU(cuGraphAddKernelNode_v2(&n, child, NULL, 0, &k));
+    CU(cuGraphAddEmptyNode(&n, child, NULL, 0));
+    CU(cuGraphAddChildGraphNode(&n, child, NULL, 0, grand));
+    CU(cuGraphCreate(&g, 0));
+    k = kernel_node(f, top, 1, 1);
+    CUDA_KERNEL_NODE_PARAMS_v1 k1;
+    memcpy(&k1, &k, sizeof k1);
+    CU(cuGraphAddKernelNode(&n, g, NULL, 0, &k1));
+    CU(cuGraphAddChildGraphNode(&n, g, NULL, 0, child));
+    CUcontext ctx;
+    CU(cuCtxGetCurrent(&ctx));
+    CUgraphNodeParams np;
+    memset(&np, 0, sizeof np);
+    np.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    np.conditional.type = CU_GRAPH_COND_TYPE_IF;
+    np.conditional.size = 2;
+    np.conditional.ctx = ctx;
+    CU(cuGraphConditionalHandleCreate(&np.conditional.handle, g, ctx, 1, 0));
+    CU(cuGraphAddNode(&n, g, NULL, 0, &np));
+    k = kernel_node(f, body0, 1, 1);
+    CU(cuGraphAddKernelNode_v2(&n, np.conditional.phGraph_out[0], NULL, 0, &k));
+    k = kernel_node(f, body1, 1, 1);
+    CU(cuGraphAddKernelNode_v2(&n, np.conditional.phGraph_out[1], NULL, 0, &k));
+    CU(cuGraphDestroy(child));
+    CU(cuGraphDestroy(grand));
+    return g;
+}
+
+typedef CUresult (*with_flags_fn)(CUgraphExec *, CUgraph, unsigned long long);
+
+int main(void)
+{
+    g_test = "graph";
+    CUcontext ctx = create_context(0);
+    CUfunction f = load_spin_kernel();
+    CUgraph g = build(f, 100, 25, 60);
+    CUgraphExec ge;
+
+    CU(cuGraphInstantiateWithFlags(&ge, g, 0));
+    unsigned long long busy = fakeGpuBusyNs(0), c = cost(ge);
+    CHECK(c == WANT, "cuGraphInstantiateWithFlags: a launch costs %llu blocks (want %u: kernels, "
+          "nested child graphs, the larger conditional body)", c, WANT);
+    CU(cuCtxSynchronize());
+    if (on_fake())
+        CHECK(fakeGpuBusyNs(0) - busy == (100 + 42 + 11 + 25) * env_ull("FAKE_NS_PER_BLOCK", 1000),
+              "the stand-in GPU ran the graph's kernels (its conditional: the first body)");
+    c = spent();
+    CU(cuGraphLaunch_ptsz(ge, CU_STREAM_PER_THREAD));
+    CHECK(spent() - c == WANT, "cuGraphLaunch_ptsz costs the same %llu", spent() - c);
+
+    /* Every other entry point. */
+    CUgraphExec e1, e2, e3, e4;
+    CU(cuGraphInstantiate(&e1, g, NULL, NULL, 0));
+    CU(cuGraphInstantiate_v2(&e2, g, NULL, NULL, 0));
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+    memset(&ip, 0, sizeof ip);
+    CU(cuGraphInstantiateWithParams(&e3, g, &ip));
+    CU(cuGraphInstantiateWithParams_ptsz(&e4, g, &ip));
+    unsigned long long c1 = cost(e1), c2 = cost(e2), c3 = cost(e3), c4 = cost(e4);
+    CHECK(c1 == WANT && c2 == WANT && c3 == WANT && c4 == WANT,
+          "cuGraphInstantiate, _v2, WithParams, WithParams_ptsz: %llu %llu %llu %llu (want %u)",
+          c1, c2, c3, c4, WANT);
+
+    /* The pointer a CUDA 12 runtime gets for "cuGraphInstantiate" has WithFlags's ABI. */
+    with_flags_fn wf = NULL;
+    CU(cuGetProcAddress_v2("cuGraphInstantiate", (void **)&wf, 12000, 0, NULL));
+    CHECK(wf && (void *)wf == dlsym(RTLD_DEFAULT, "cuGraphInstantiateWithFlags"),
+          "cuGetProcAddress(cuGraphInstantiate, 12000) is the cuGraphInstantiateWithFlags hook");
+    CUgraphExec e5 = NULL;
+    if (wf) {
+        CU(wf(&e5, g, 0));
+        c = cost(e5);
+        CHECK(c == WANT, "... and counts: %llu", c);
+    }
+
+    /* An update recounts from the graph it copies the parameters from. */
+    CUgraph g2 = build(f, 1000, 3, 2);
+    CUgraphExecUpdateResultInfo info;
+    CU(cuGraphExecUpdate_v2(ge, g2, &info));
+    c = cost(ge);
+    CHECK(c == 1000 + 42 + 11 + 3, "after cuGraphExecUpdate_v2 a launch costs %llu (want %u)", c,
+          1000 + 42 + 11 + 3);
+    CUgraphExecUpdateResult res;
+    CU(cuGraphExecUpdate(ge, g, NULL, &res));
+    c = cost(ge);
+    CHECK(c == WANT, "after cuGraphExecUpdate back: %llu", c);
+    CUgraph empty;
+    CU(cuGraphCreate(&empty, 0));
+    CHECK(cuGraphExecUpdate_v2(ge, empty, &info) != CUDA_SUCCESS && cost(ge) == WANT,
+          "a failed update leaves the count");
+
+    /* Destroyed: the handle is forgotten (a launch of it fails and costs the minimum). */
+    CU(cuGraphExecDestroy(e1));
+    c = spent();
+    CHECK(cuGraphLaunch(e1, NULL) != CUDA_SUCCESS && spent() - c == 1,
+          "a destroyed executable graph is forgotten (cost %llu)", spent() - c);
+
+    /* Instantiated behind the library's back: one block, as before graphs were counted. */
+    with_flags_fn real = (with_flags_fn)real_sym("libcuda.so.1", "cuGraphInstantiateWithFlags");
+    CUgraphExec hidden;
+    CHECK(real && real(&hidden, g, 0) == CUDA_SUCCESS && cost(hidden) == 1,
+          "an executable graph the library did not see instantiated costs 1 block");
+
+    CU(cuCtxSynchronize());
+    CU(cuCtxDestroy_v2(ctx));
+    return finish();
+}
