@@ -30,7 +30,7 @@
 (* slots::reap (the Reaper, a periodic thread of a live process of ours; *)
 (*   it runs under the owner lock, so reapers are serialised: one Reaper  *)
 (*   here): a slot with pid # 0 whose process is dead: force_zero, pid 0. *)
-(* seqlock::read (the Reader, ffi/src/inspect.rs; reads slot RSlot):      *)
+(* seqlock::read (the Reader, tool/src/inspect.rs; reads slot RSlot):     *)
 (*   up to ReadRetries times: s1 := seq; odd -> retry; load kd, load tot; *)
 (*   seq = s1 -> return (consistent); then give up: return the loads,     *)
 (*   marked inconsistent (reported as StuckSeqlock; a slot whose writer   *)

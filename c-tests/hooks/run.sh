@@ -7,7 +7,7 @@ build=$(cd "$1" && pwd)
 fake=$(cd "$2" && pwd)
 vgpu=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
 here=$(cd "$(dirname "$0")" && pwd)
-[ -f "$vgpu" ] || { echo "no $vgpu: build it first (cargo build --release -p hami-vgpu)"; exit 1; }
+[ -f "$vgpu" ] || { echo "no $vgpu: build it first (cargo build --release -p hami-vgpu -p hami-tool: libvgpu.so and shrreg-tool)"; exit 1; }
 [ -f "$fake/libcuda.so.1" ] || { echo "no stand-in driver in $fake"; exit 1; }
 
 tmp=$(mktemp -d /tmp/hk-run.XXXXXX)

@@ -11,9 +11,9 @@
 //!   everyone waits, even with the cost known (its holder reserves the whole free part until it
 //!   shrinks; a reservation against that would be refused). Else a known cost is reserved
 //!   ([`Plan::Reserve`]), and an unknown one makes the process try to become the prober.
-//! - The prober ([`take_probe`]) re-reads the cost ([`recheck`]: published since its plan →
+//! - The prober ([`take_probe`]) re-reads the cost (`recheck`: published since its plan →
 //!   give the lease back and reserve the cost), reserves the **whole free part** (the only
-//!   amount sure to cover a context of unknown cost), re-reads the cost once more ([`recheck`]
+//!   amount sure to cover a context of unknown cost), re-reads the cost once more (`recheck`
 //!   again: a lease taken over from a live holder could have raced a publication), creates,
 //!   measures, [`publish`]es the cost and only then shrinks its reservation to it, and gives the
 //!   lease back ([`release_probe`]).
@@ -74,18 +74,6 @@ pub fn take_probe(cell: ContextCell<'_>, seen: u64, me: ProcId) -> bool {
     cell.probe
         .compare_exchange(seen, me.0, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
-}
-
-/// The prober's re-reads (spec: `Recheck` after taking the lease, `Confirm` after reserving the
-/// free part): if a cost has been published meanwhile, gives the lease back and returns it (the
-/// caller returns what it reserved, if anything, and reserves the cost instead).
-pub fn recheck(cell: ContextCell<'_>, me: ProcId) -> Option<u64> {
-    let cost = cell.cost.load(Ordering::Acquire);
-    if cost == 0 {
-        return None;
-    }
-    release_probe(cell, me);
-    Some(cost)
 }
 
 /// Publishes a measured cost (spec: `Publish`, before the prober shrinks). `fetch_max`: two
@@ -174,13 +162,13 @@ pub fn admit_planned<P: Platform>(
             }
             Plan::Reserve(cost) => return create_at_cost(steps, cost),
             Plan::Probe { seen } => {
-                if !take_probe(cell, seen, me) {
+                let Some(lease) = Lease::take(cell, seen, me) else {
                     continue;
-                }
-                if let Some(cost) = recheck(cell, me) {
-                    return create_at_cost(steps, cost);
-                }
-                return probe(cell, me, steps, fallback);
+                };
+                return match lease.recheck() {
+                    Err(cost) => create_at_cost(steps, cost),
+                    Ok(lease) => probe(lease, steps, fallback),
+                };
             }
         }
     }
@@ -210,51 +198,81 @@ fn create_at_cost(steps: &mut impl Steps, cost: u64) -> Admitted {
     }
 }
 
+/// The probe lease while this process holds it: dropping it gives it back ([`release_probe`]),
+/// also when a step unwinds (a panic in the caller's create). A lease left with a live process
+/// would make every other process of the device wait out its deadline and fail its context.
+/// What was reserved stays reserved then: the context may exist, so it stays counted.
+struct Lease<'a> {
+    cell: ContextCell<'a>,
+    me: ProcId,
+}
+
+impl<'a> Lease<'a> {
+    /// [`take_probe`], holding the lease on success.
+    fn take(cell: ContextCell<'a>, seen: u64, me: ProcId) -> Option<Self> {
+        take_probe(cell, seen, me).then_some(Lease { cell, me })
+    }
+
+    /// The prober's re-reads (spec: `Recheck` after taking the lease, `Confirm` after reserving
+    /// the free part): a cost published meanwhile gives the lease back and is returned (the
+    /// caller returns what it reserved, if anything, and reserves the cost instead).
+    fn recheck(self) -> Result<Self, u64> {
+        let cost = self.cell.cost.load(Ordering::Acquire);
+        if cost == 0 {
+            Ok(self)
+        } else {
+            Err(cost)
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        release_probe(self.cell, self.me);
+    }
+}
+
 /// The prober, holding the lease: reserve the whole free part, confirm, create, measure,
 /// publish, then shrink and give the lease back.
-fn probe(cell: ContextCell<'_>, me: ProcId, steps: &mut impl Steps, fallback: u64) -> Admitted {
-    let held = match steps.free() {
+fn probe(lease: Lease<'_>, steps: &mut impl Steps, fallback: u64) -> Admitted {
+    let cell = lease.cell;
+    let (held, lease) = match steps.free() {
         None => {
             // The limit was lifted since the plan.
-            release_probe(cell, me);
+            drop(lease);
             return unlimited(cell, steps, fallback);
         }
-        Some(0) => {
-            release_probe(cell, me);
-            return Admitted::Refused { needed: fallback };
-        }
+        Some(0) => return Admitted::Refused { needed: fallback },
         Some(free) => {
             if !steps.reserve(free) {
-                release_probe(cell, me);
                 return Admitted::Refused { needed: free };
             }
-            if let Some(cost) = recheck(cell, me) {
-                steps.release(free);
-                return create_at_cost(steps, cost);
+            match lease.recheck() {
+                Err(cost) => {
+                    steps.release(free);
+                    return create_at_cost(steps, cost);
+                }
+                Ok(lease) => (free, lease),
             }
-            free
         }
     };
     let measured = match steps.create() {
         Err(code) => {
             steps.release(held);
-            release_probe(cell, me);
             return Admitted::DriverFailed(code);
         }
         Ok(m) => m.unwrap_or(fallback),
     };
     publish(cell, measured);
-    let outcome = if measured > held {
+    if measured > held {
         // The context alone is larger than what was free (spec: finding 6).
         steps.destroy();
         steps.release(held);
-        Admitted::Refused { needed: measured }
-    } else {
-        steps.release(held - measured);
-        Admitted::Created { reserved: measured }
-    };
-    release_probe(cell, me);
-    outcome
+        return Admitted::Refused { needed: measured };
+    }
+    steps.release(held - measured);
+    drop(lease);
+    Admitted::Created { reserved: measured }
 }
 
 /// No limit applies: create without the lease (nothing to keep within), publish a measured cost

@@ -1,6 +1,6 @@
 //! The named operations on the region's fields, one per thing a caller does with them, so that
-//! `hami-vgpu` makes no atomic load or store on region bytes itself (its `tests/hygiene.rs`
-//! checks that). Each operation keeps the memory ordering its callers used; where one field is
+//! no other crate (hami-vgpu, hami-linux, the tool) makes an atomic load or store on region
+//! bytes itself (`ffi/tests/hygiene.rs` checks that). Each operation keeps the memory ordering its callers used; where one field is
 //! read with two orderings, both are offered and the doc says which caller needs which.
 //!
 //! Loads named `*_acquire` pair with a release store by the writer of that field (the claim's

@@ -2,7 +2,7 @@
 //!
 //! This crate is pure logic: it never calls the operating system. Everything it needs from the
 //! outside world (who am I, is that process alive, what time is it, the two `sem_t`s, the init file
-//! lock) comes through the [`platform::Platform`] trait, which `hami-vgpu` implements for Linux and
+//! lock) comes through the [`platform::Platform`] trait, which `hami-linux` implements for Linux and
 //! `hami-model` implements with simulated crashes and PID reuse.
 //!
 //! Modules, one protocol each (docs/protocols.md describes them together):

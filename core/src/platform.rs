@@ -1,6 +1,6 @@
 //! What the protocols need from the operating system, and nothing more.
 //!
-//! `hami-vgpu` implements this for Linux (`/proc` liveness, glibc `sem_t`, `lockf`, `fcntl`);
+//! `hami-linux` implements this for Linux (`/proc` liveness, glibc `sem_t`, `lockf`, `fcntl`);
 //! `hami-model` implements it with simulated processes that crash and reuse PIDs.
 
 use crate::layout::RawSem;

@@ -100,8 +100,8 @@ pub const HAMI_WAIT_STATUS_ALL_MS: i32 = 1_000;
 /// The owner-lock guard of the ABI region.
 type Guard = OwnerGuard<'static, LinuxPlatform, ABI_SLOTS, ABI_DEVS>;
 
-/// Runs an exported function's body; a panic (only possible in unwinding builds, such as tests)
-/// becomes `fallback` instead of unwinding into C.
+/// Runs an exported function's body; a panic becomes `fallback` instead of unwinding into C
+/// (see `hooks::guard`).
 fn ffi<R>(fallback: R, body: impl FnOnce() -> R) -> R {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
 }

@@ -8,19 +8,23 @@
 
 use std::sync::Once;
 
+use crate::hooks::guard;
+
 extern "C" fn before() {
-    crate::hooks::table::before_fork();
+    guard((), crate::hooks::table::before_fork);
 }
 
 extern "C" fn parent() {
-    crate::hooks::table::after_fork_parent();
+    guard((), crate::hooks::table::after_fork_parent);
 }
 
 extern "C" fn child() {
-    crate::process::after_fork();
-    crate::hooks::host_pid::after_fork();
-    crate::hooks::devices::after_fork();
-    crate::hooks::table::after_fork_child();
+    guard((), || {
+        crate::process::after_fork();
+        crate::hooks::host_pid::after_fork();
+        crate::hooks::devices::after_fork();
+        crate::hooks::table::after_fork_child();
+    });
 }
 
 /// Registers the handlers, once per process.

@@ -1,15 +1,13 @@
-//! libvgpu.so: HAMi-core's preload library, in Rust.
+//! libvgpu.so: HAMi-core's preload library, in Rust. Everything is crate-private: the library's
+//! interface is its exported C symbols (the hooks and the C API), so the compiler finds dead code.
 pub(crate) mod capi;
-pub mod config;
 pub(crate) mod fork;
 pub(crate) mod hooks;
-pub mod inspect;
-pub mod log;
 pub(crate) mod one_time;
-pub mod platform;
 pub(crate) mod process;
-pub mod region_file;
-pub mod region_guard;
-pub mod runtime;
+pub(crate) mod runtime;
 pub(crate) mod sm_limit;
 pub(crate) mod suspend;
+
+// hami-linux's modules under the paths the hooks name them by (`crate::log`, `crate::platform`).
+pub(crate) use hami_linux::{config, log, platform, region_file, region_guard};

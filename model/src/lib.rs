@@ -32,7 +32,10 @@
 //! then the thread unwinds with a private payload (via `resume_unwind`, so no panic hook runs)
 //! that [`SimProc::run`] catches. Nothing of the dead process touches the region again. An
 //! [`lock::OwnerGuard`] must therefore never be dropped by the unwinding: hold it through
-//! [`SimProc::with_owner_lock`], which keeps it in a `ManuallyDrop`.
+//! [`SimProc::with_owner_lock`], which keeps it in a `ManuallyDrop`. Likewise `context::admit`
+//! gives the probe lease back when it unwinds (for a real panic): a model that killed a prober
+//! inside it would see the lease freed, as no real death frees it. The context model kills
+//! nobody.
 //!
 //! # Time
 //!

@@ -17,8 +17,8 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
-use super::real;
 use super::registry;
+use super::{guard, real};
 
 /// The body of `dlsym` for every handle but `RTLD_NEXT` (and for `RTLD_NEXT` off x86-64).
 ///
@@ -39,10 +39,10 @@ pub(crate) unsafe extern "C" fn dlsym_impl(
     // SAFETY: `symbol` is non-null and NUL-terminated (dlsym's contract; the real dlsym just
     // read it).
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    match registry::hook_address(name) {
+    guard(found, || match registry::hook_address(name) {
         Some(hook) => hook as *mut c_void,
         None => found,
-    }
+    })
 }
 
 /// Slow path of the trampoline: resolves the real `dlsym` when it is not known yet.

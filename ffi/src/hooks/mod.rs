@@ -72,8 +72,11 @@ pub mod types;
 
 use types::CUresult;
 
-/// Runs a hook's body; a panic (impossible with `panic = "abort"`, but a hook must never unwind
-/// into C) becomes `fallback`.
+/// Runs a hook's body (or another entry from C: `dlsym`, the fork handlers); a panic becomes
+/// `fallback` instead of unwinding into C or killing the application (the release profile
+/// unwinds for this). Entries without it abort at their `extern "C"` boundary on a panic, the
+/// last resort: the signal handlers (std's panic machinery allocates and locks, which a handler
+/// must not) and functions of atomics and libc calls only, which cannot panic.
 pub(crate) fn guard<R>(fallback: R, f: impl FnOnce() -> R) -> R {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
 }

@@ -1,15 +1,7 @@
-//! `cargo bench -p hami-shm --bench region`: the shared region's hot operations on the real Linux
-//! platform (a region file mmap'd from a temp dir, glibc's `sem_t`, `fcntl` record locks, forked
-//! processes), against the plain operation they replace where one exists.
-//!
-//! The platform, its logging and the region file are hami-vgpu's own sources
-//! (`ffi/src/platform.rs`, `ffi/src/log.rs`, `ffi/src/region_file.rs` and the SIGBUS guard it
-//! registers its mappings with, `ffi/src/region_guard.rs`), compiled into this
-//! bench with `#[path]`, rather than a dependency
-//! on hami-vgpu: a bench target builds its dependencies with `panic = "unwind"`, and hami-vgpu is a
-//! cdylib whose outputs carry no hash, so `cargo bench` would write an unwinding `libvgpu.so` over
-//! the release profile's `panic = "abort"` one in target/release (cargo issue 6313), and within
-//! hami-vgpu it collided with the shrreg-tool binary's abort build and failed to link at random.
+//! `cargo bench -p hami-linux --bench region`: the shared region's hot operations on the real
+//! Linux platform (a region file mmap'd from a temp dir, glibc's `sem_t`, `fcntl` record locks,
+//! forked processes), against the plain operation they replace where one exists. The platform
+//! and the region file are libvgpu.so's own (this crate's), not copies.
 //!
 //! A plain harness (`harness = false`, `std::time::Instant`) rather than criterion: the workspace
 //! builds offline and `--locked`, and median/min over many samples of many iterations is all these
@@ -31,6 +23,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
+use hami_linux::platform::LinuxPlatform;
+use hami_linux::region_file::{self, OpenMode, RegionFile};
 use hami_shm::admission;
 use hami_shm::init::{self, InitParams};
 use hami_shm::layout::{SharedRegion, ABI_DEVS, ABI_SLOTS};
@@ -38,21 +32,6 @@ use hami_shm::lock::{self, LockConfig};
 use hami_shm::platform::{Platform, SemWait};
 use hami_shm::seqlock::Kind;
 use hami_shm::slots;
-use platform::LinuxPlatform;
-use region_file::{OpenMode, RegionFile};
-
-#[allow(dead_code, unused_imports, unused_macros)]
-#[path = "../../ffi/src/log.rs"]
-mod log;
-#[allow(dead_code, unused_imports)]
-#[path = "../../ffi/src/platform.rs"]
-mod platform;
-#[allow(dead_code, unused_imports)]
-#[path = "../../ffi/src/region_file.rs"]
-mod region_file;
-#[allow(dead_code, unused_imports)]
-#[path = "../../ffi/src/region_guard.rs"]
-mod region_guard;
 
 /// One allocation of the GPU benchmark's size.
 const BYTES: u64 = 2 << 20;
@@ -359,7 +338,7 @@ fn main() {
     let n = |iters: u64| (iters / scale).max(10);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "hami-shm region benchmarks, hami-vgpu's Linux platform: {} ({} CPUs), {} KiB region",
+        "hami-shm region benchmarks, hami-linux's platform: {} ({} CPUs), {} KiB region",
         cpu_model(),
         cpus,
         SharedRegion::SIZE / 1024

@@ -1,7 +1,7 @@
 //! `top`: one frame of the live view, as lines of at most [`WIDTH`] characters, so that the
 //! view stays readable on an 80-column terminal whatever the path, UUIDs or counts are.
 
-use vgpu::inspect::{self, human, Report};
+use hami_tool::inspect::{self, human, Report};
 
 /// The widest line of a frame, in characters.
 pub const WIDTH: usize = 80;

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use hami_linux::config::*;
 use hami_shm::envparse::{Expected, Problem};
-use vgpu::config::*;
 
 const G: u64 = 1 << 30;
 const M: u64 = 1 << 20;

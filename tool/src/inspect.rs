@@ -22,12 +22,6 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::num::NonZeroU64;
 
-/// hami-shm, re-exported so that `shrreg-tool` names every region type through this crate.
-/// Under `cargo test` the package's library is built twice (panic=abort for the binary, unwind
-/// for the test harness) and, being a cdylib, both builds write the same `libvgpu.rlib`: a
-/// binary that named hami-shm directly could meet the other build's types.
-pub use hami_shm as shm;
-
 use hami_shm::admission;
 use hami_shm::layout::{
     DeviceUuid, Ext, RawSem, Region, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,

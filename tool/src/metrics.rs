@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use vgpu::inspect::{MonitorView, Report};
+use hami_tool::inspect::{MonitorView, Report};
 
 /// The label every series carries: the monitor registers its collector under
 /// `WrapRegistererWith({"zone": "vGPU"})` (cmd/vGPUmonitor/main.go).

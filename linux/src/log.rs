@@ -278,38 +278,36 @@ pub fn emit(kind: Level, file: &str, line: u32, args: fmt::Arguments<'_>) {
     }
 }
 
-#[allow(unused_macros)] // used by hooks as they land
+/// Logs an error record (always printed) with the caller's file and line.
+#[macro_export]
 macro_rules! log_error {
     ($($arg:tt)*) => {
         $crate::log::emit($crate::log::Level::Error, file!(), line!(), format_args!($($arg)*))
     };
 }
-#[allow(unused_macros)] // used by hooks as they land
+/// Logs a warning record (level 2 or more).
+#[macro_export]
 macro_rules! log_warn {
     ($($arg:tt)*) => {
         $crate::log::emit($crate::log::Level::Warn, file!(), line!(), format_args!($($arg)*))
     };
 }
-#[allow(unused_macros)] // used by hooks as they land
-macro_rules! log_msg {
-    ($($arg:tt)*) => {
-        $crate::log::emit($crate::log::Level::Msg, file!(), line!(), format_args!($($arg)*))
-    };
-}
-#[allow(unused_macros)] // used by hooks as they land
+/// Logs an info record (level 3 or more).
+#[macro_export]
 macro_rules! log_info {
     ($($arg:tt)*) => {
         $crate::log::emit($crate::log::Level::Info, file!(), line!(), format_args!($($arg)*))
     };
 }
-#[allow(unused_macros)] // used by hooks as they land
+/// Logs a debug record (level 4).
+#[macro_export]
 macro_rules! log_debug {
     ($($arg:tt)*) => {
         $crate::log::emit($crate::log::Level::Debug, file!(), line!(), format_args!($($arg)*))
     };
 }
-#[allow(unused_imports)]
-pub(crate) use {log_debug, log_error, log_info, log_msg, log_warn};
+// Also by this module's path (`log::log_warn!`), as the callers name them.
+pub use crate::{log_debug, log_error, log_info, log_warn};
 
 #[cfg(test)]
 mod tests {

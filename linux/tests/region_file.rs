@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use hami_linux::platform::LinuxPlatform;
+use hami_linux::region_file::{self, OpenMode, RegionFileError};
 use hami_shm::layout::{SharedRegion, EXT_END, EXT_MAGIC, MAGIC};
 use hami_shm::platform::Platform;
 use hami_shm::validate::{Refusal, Verdict, L1_SHIFT};
-use vgpu::platform::LinuxPlatform;
-use vgpu::region_file::{self, OpenMode, RegionFileError};
 
 const SIZE: usize = SharedRegion::SIZE;
 /// Length of a file opened read-write: the region, the gap, our tail, one byte past it.
@@ -882,7 +882,7 @@ fn a_truncated_region_is_extended_again_and_the_process_survives() {
         let region = file.region();
         region.initialized_flag.store(MAGIC, Ordering::SeqCst);
         region.procs[1000].pid.store(42, Ordering::SeqCst);
-        let before = vgpu::region_guard::repaired_count();
+        let before = hami_linux::region_guard::repaired_count();
         truncate_file(&p, 0);
         // A load and a store in the cut pages, then the last field of the region.
         let pid = region.procs[1000].pid.load(Ordering::SeqCst);
@@ -895,9 +895,9 @@ fn a_truncated_region_is_extended_again_and_the_process_survives() {
         let in_file = i32::from_le_bytes(bytes[off..off + 4].try_into().unwrap());
         Ok(format!(
             "pid {pid} post {post} len {len} file {in_file} repaired {} event {} {}",
-            vgpu::region_guard::repaired_count() - before,
-            vgpu::region_guard::take_truncation_event(),
-            vgpu::region_guard::take_truncation_event(),
+            hami_linux::region_guard::repaired_count() - before,
+            hami_linux::region_guard::take_truncation_event(),
+            hami_linux::region_guard::take_truncation_event(),
         ))
     });
     let text = got.unwrap_or_else(|code| panic!("the child died or failed: {code}"));
@@ -979,13 +979,22 @@ fn a_replaced_file_is_noticed() {
     let dir = TempDir::new();
     let path = dir.join("cudevshr.cache");
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
-    assert_eq!(vgpu::region_guard::same_file(file.fd(), &path), Some(true));
+    assert_eq!(
+        hami_linux::region_guard::same_file(file.fd(), &path),
+        Some(true)
+    );
     let tmp = dir.join("new");
     fs::write(&tmp, b"").unwrap();
     fs::rename(&tmp, &path).unwrap();
-    assert_eq!(vgpu::region_guard::same_file(file.fd(), &path), Some(false));
+    assert_eq!(
+        hami_linux::region_guard::same_file(file.fd(), &path),
+        Some(false)
+    );
     fs::remove_file(&path).unwrap();
-    assert_eq!(vgpu::region_guard::same_file(file.fd(), &path), Some(false));
+    assert_eq!(
+        hami_linux::region_guard::same_file(file.fd(), &path),
+        Some(false)
+    );
 }
 
 #[test]
@@ -997,7 +1006,7 @@ fn the_library_region_replaced_at_its_path_is_reported_at_most_once_a_second() {
     let t = dir.join("new");
     // In a child: the library's region is recorded once per process (`leak`).
     let got = in_child(move || {
-        use vgpu::region_guard::check_replaced;
+        use hami_linux::region_guard::check_replaced;
         let _region = region_file::open(&p, OpenMode::ReadWrite)
             .map_err(|_| 60)?
             .leak();

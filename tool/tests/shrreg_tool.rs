@@ -1,6 +1,6 @@
 //! shrreg-tool, run as a binary against region images built here byte by byte (the offsets are
 //! HAMi-core v1.2's, pinned in core/src/layout.rs), healthy and corrupted; and the report logic
-//! of `vgpu::inspect` on small in-memory regions.
+//! of `hami_tool::inspect` on small in-memory regions.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
@@ -12,15 +12,7 @@ use std::time::{Duration, Instant};
 use hami_shm::layout::{Region, SharedRegion, MAGIC};
 use hami_shm::platform::{Liveness, ProcId};
 use hami_shm::validate::Verdict;
-// The report logic is compiled into this test from its source rather than taken from the
-// `vgpu` library: under `cargo test` that library is built twice (panic=abort for the binary,
-// unwind for tests) into the same `libvgpu.rlib`, so its hami-shm types could be the other
-// build's. The binary itself is what most tests run.
-#[allow(dead_code, unused_imports)]
-#[path = "../src/inspect.rs"]
-mod inspect;
-
-use inspect::{FileInfo, Finding};
+use hami_tool::inspect::{self, FileInfo, Finding};
 
 /// Byte offsets of the v1.2 region (x86_64, glibc), as in the reference and `mod pinned`.
 mod off {

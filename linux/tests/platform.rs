@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use hami_linux::platform::{proc_id_of, LinuxPlatform, WINDOW_BYTE, WINDOW_OFFSET};
 use hami_shm::layout::{RawSem, SharedRegion};
 use hami_shm::platform::{Liveness, Platform, Problem, ProcId, SemWait};
-use vgpu::platform::{proc_id_of, LinuxPlatform, WINDOW_BYTE, WINDOW_OFFSET};
 
 const SIZE: usize = SharedRegion::SIZE;
 const MS: u64 = 1_000_000;
@@ -396,7 +396,7 @@ fn clock_is_monotonic_and_sleep_sleeps() {
     let t1 = p.now_ns();
     assert!(t1 - t0 >= 20 * MS, "slept {} ns", t1 - t0);
     assert!(p.now_ns() >= t1);
-    let t2 = vgpu::platform::monotonic_ns();
+    let t2 = hami_linux::platform::monotonic_ns();
     assert!(t2 >= t1);
     p.sleep_ns(0);
 }
@@ -493,7 +493,7 @@ fn problems_are_not_reported_below_the_warning_level() {
     let _g = serial();
     let p = platform();
     let (status, text) = stderr_of(|| {
-        vgpu::log::set_level(1);
+        hami_linux::log::set_level(1);
         p.refresh_identity();
         p.report(Problem::LockStolen);
         0

@@ -15,19 +15,18 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-// hami-shm through vgpu's re-export, never directly: see `vgpu::inspect::shm`.
-use vgpu::config::{self, Config};
-use vgpu::inspect::shm::init::{self, InitOutcome, InitParams};
-use vgpu::inspect::shm::layout::{
+use hami_linux::config::{self, Config};
+use hami_linux::platform::LinuxPlatform;
+use hami_linux::region_file::{self, OpenMode, RegionFile, RegionFileError, Snapshot};
+use hami_shm::init::{self, InitOutcome, InitParams};
+use hami_shm::layout::{
     SharedProcSlot, SharedRegion, ABI_DEVS, ABI_SLOTS, STATUS_RUNNING, STATUS_SUSPENDED,
 };
-use vgpu::inspect::shm::lock::{self, LockConfig, LockError};
-use vgpu::inspect::shm::platform::{Liveness, Platform, ProcId};
-use vgpu::inspect::shm::slots;
-use vgpu::inspect::shm::validate::{self, Verdict, HEADER_LEN};
-use vgpu::inspect::{self, FileInfo, Finding, Report, SemState};
-use vgpu::platform::LinuxPlatform;
-use vgpu::region_file::{self, OpenMode, RegionFile, RegionFileError, Snapshot};
+use hami_shm::lock::{self, LockConfig, LockError};
+use hami_shm::platform::{Liveness, Platform, ProcId};
+use hami_shm::slots;
+use hami_shm::validate::{self, Verdict, HEADER_LEN};
+use hami_tool::inspect::{self, FileInfo, Finding, Report, SemState};
 
 const USAGE: &str = "\
 usage: shrreg-tool [--file PATH] ACTION [--force]
