@@ -107,6 +107,11 @@ if [ -x "$bin/t_limit" ]; then
     row c-alloc-cost "$verdict" "$(grep -o '[0-9]* held ([0-9]* MiB asked): counted [0-9]* MiB, the driver [0-9]* MiB' "$log" | head -1); $detail"
     step resolve 60 CUDA_DEVICE_MEMORY_LIMIT=4g -- "$bin/t_resolve"
     row c-dlsym-procaddr "$verdict" "$detail"
+    # A CUDA graph's launch costs its kernels' blocks, counted at instantiation (nested child
+    # graphs and conditional bodies walked through the real driver's node queries).
+    step graph 60 CUDA_DEVICE_MEMORY_LIMIT=4g GPU_CORE_UTILIZATION_POLICY=force \
+        CUDA_DEVICE_SM_LIMIT=50 -- "$bin/t_graph"
+    row c-graph "$verdict" "$detail"
     step multi-8 180 CUDA_DEVICE_MEMORY_LIMIT=8g HK_LIMIT=8g HK_PROCS=8 -- "$bin/t_multi"
     row c-8-processes "$verdict" "$(grep -o 'allocations admitted, [0-9]* refused' "$log" | head -1); $(grep -o 'max [0-9]* MiB <= [0-9]* MiB' "$log" | head -1); $detail"
     step sigkill 120 CUDA_DEVICE_MEMORY_LIMIT=4g HK_LIMIT=4g -- "$bin/t_sigkill"

@@ -25,8 +25,10 @@
 # and matmul/1p/plain) whose name matches (bash =~), plus the reference ("none") row of each
 # limited row chosen: e.g. SM_ONLY='^small/[24]p/' (the small-kernel rows with 2 and 4 processes,
 # about 95 s more), SM_ONLY='^graph/' or SM_ONLY=. (all 49 rows). Each row costs about
-# SM_WARMUP + SM_MEASURE + 3.5 s (start-up on the GPU and exit; the torch import of the next
-# row's processes overlaps the current row, SM_PIPELINE=0 turns that off).
+# SM_WARMUP + SM_MEASURE + 3.5 s (start-up on the GPU and exit) plus the torch import, which
+# SM_PIPELINE=1 overlaps with the row before (off by default: the small-kernel rows are
+# launch-bound, and the import beside them moved their unlimited rate between 82k and 137k
+# kernels/s on the H200, docs/gpu-results.md run 15).
 #
 # Table: workload, processes, target, the measured rate as % of the unlimited rate of the same
 # workload and processes, the band (target +-3) and verdict, the absolute rates (summed over the
@@ -48,7 +50,7 @@ case $vgpu in /*) ;; *) vgpu=$PWD/$vgpu ;; esac
 warmup=${SM_WARMUP:-3}
 measure=${SM_MEASURE:-5}
 trace=${SM_TRACE:-}
-pipeline=${SM_PIPELINE:-1}
+pipeline=${SM_PIPELINE:-0}
 py="$here/sm_work.py"
 # a worker may wait for a whole row before its own starts: its timeout covers both
 tmo=$(awk -v w="$warmup" -v m="$measure" 'BEGIN { printf "%d", 2 * (w + m) + 240 }')

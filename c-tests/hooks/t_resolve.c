@@ -149,20 +149,32 @@ int main(void)
     };
     int n = (int)(sizeof cases / sizeof cases[0]);
     int ok2 = 0, ok1 = 0;
+    /* The driver's own answers, behind our hook: where a driver answers a request with its
+     * export of the requested name itself (the H200's 580 driver does for cuGraphInstantiate at
+     * 12000, where the stand-in answers cuGraphInstantiateWithFlags), the hook of that name is
+     * right too: the library returns the hook that wraps the very function the driver chose. */
+    gpa2_fn real_gpa2 = (gpa2_fn)real_sym("libcuda.so.1", "cuGetProcAddress_v2");
     for (int i = 0; i < n; i++) {
         void *want = cases[i].expect ? hook(cases[i].expect)
                                      : real_sym("libcuda.so.1", cases[i].sym);
+        void *own = NULL, *also = NULL;
+        CUdriverProcAddressQueryResult own_st;
+        if (cases[i].expect && real_gpa2 &&
+            real_gpa2(cases[i].sym, &own, cases[i].version, cases[i].flags, &own_st) == CUDA_SUCCESS &&
+            own && own == real_sym("libcuda.so.1", cases[i].sym))
+            also = hook(cases[i].sym);
         void *f2 = NULL, *f1 = NULL;
         CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         CUresult r2 = gpa2(cases[i].sym, &f2, cases[i].version, cases[i].flags, &st);
         CUresult r1 = gpa1(cases[i].sym, &f1, cases[i].version, cases[i].flags);
-        if (r2 == CUDA_SUCCESS && st == CU_GET_PROC_ADDRESS_SUCCESS && f2 == want && want)
+        if (r2 == CUDA_SUCCESS && st == CU_GET_PROC_ADDRESS_SUCCESS && f2 &&
+            (f2 == want || f2 == also))
             ok2++;
         else
             INFO("cuGetProcAddress_v2(%s, %d, %llu) = %d/%d %p, want %s %p", cases[i].sym,
                  cases[i].version, (unsigned long long)cases[i].flags, (int)r2, (int)st, f2,
                  cases[i].expect ? cases[i].expect : "(driver)", want);
-        if (r1 == CUDA_SUCCESS && f1 == want && want)
+        if (r1 == CUDA_SUCCESS && f1 && (f1 == want || f1 == also))
             ok1++;
         else
             INFO("cuGetProcAddress(%s, %d, %llu) = %d %p, want %s %p", cases[i].sym,

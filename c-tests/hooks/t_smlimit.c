@@ -27,7 +27,9 @@
 #include <pthread.h>
 
 #define BLOCKS 1000u
-#define WARMUP_S 3.0
+/* The controller measures the unthrottled rate in the first second and once more 2 s later (its
+ * unthrottled moment is paid back over the following seconds); the window starts after both. */
+#define WARMUP_S 4.5
 #define MEASURE_S 3.0
 
 /* Maps the region writable, as HAMi's monitor does, to set its scheduler fields. */
