@@ -10,8 +10,13 @@
 (*   probe     the probe lease: 0 free, else the pid of the process that  *)
 (*             measures the first context.  Released by CAS(me, 0).       *)
 (*   res[p]    p's reservation: what admission counts.  Reserve(p, n) is  *)
-(*             one step that succeeds iff Sum(res) + Foreign + n <= L     *)
-(*             (Accounting.tla proves admission::try_reserve is that).    *)
+(*             one step that succeeds iff Sum(res) + Foreign + n <= L.    *)
+(*             Accounting.tla proves the "only if" of admission::         *)
+(*             try_reserve (never over the limit), not the "if": it adds, *)
+(*             sums and rolls back, so overlapping reservers can all be   *)
+(*             refused where one fits.  Optimistic = TRUE models that for *)
+(*             ReserveKnown (the herd's contended step), and the retry    *)
+(*             that restores the "if" (finding 8).                        *)
 (*   real[p]   what the driver really holds for p: C from the moment the  *)
 (*             create call starts until the destroy call has RETURNED, or *)
 (*             until the process's exit is complete after a crash.        *)
@@ -50,6 +55,12 @@
 (*            admitted -> [create_known] Create, [measure_known] Measure: *)
 (*            m <= res[p] -> "created"; else [grow] (never with a         *)
 (*            constant C: NeverGrows).                                     *)
+(*            Optimistic: ReserveKnown adds kc to res[p] ([rk_check]);    *)
+(*            CheckKnown: Sum(res) + Foreign <= L -> [create_known], else *)
+(*            [rk_rollback] RollbackKnown takes kc back; [rk_room]        *)
+(*            RoomKnown: the free part read again, kc fits -> contention: *)
+(*            [reserve_known] again (create_at_cost's retry, after a      *)
+(*            wait); else "refused".                                      *)
 (*   [created] (Destroys) Destroy, [d_wait] DestroyReturns (real := 0),  *)
 (*            [d_release] Release (res := 0), [finished].                 *)
 (*   Crash (Crashes): SIGKILL at any step -> [dying]: real, res and the   *)
@@ -76,6 +87,13 @@
 (*    (Expiry = "any").                                                    *)
 (*  - Recheck after TakeProbe: _wit_no_recheck -> HerdProgress.           *)
 (*  - Reap only after the exit is complete: _wit_reap_before_exit.        *)
+(*  - (Finding 8, found by shuttle with the real code.)  A known cost      *)
+(*    refused while it still fits in the free part read after the        *)
+(*    rollback is reserved again: with try_reserve's bounded re-checks    *)
+(*    alone, two reservers wanting the last place both give up:           *)
+(*    ContextAdmissionOptimistic_wit_final_refusal -> HerdExact.  The     *)
+(*    retry can livelock in lock-step under weak fairness                 *)
+(*    (_lim_livelock -> HerdProgress); timing and the deadline end it.    *)
 (*                                                                         *)
 (* Planted bugs (Bug):                                                     *)
 (*   estimate_grow      today: Reserve(E) [est_reserve], Create, Measure, *)
@@ -91,6 +109,9 @@
 (*   no_recheck / no_confirm  the step left out.                          *)
 (*   shrink_before_publish   Shrink, then Publish.                        *)
 (*   reap_before_exit   Reap also frees a [dying] process's reservation.  *)
+(*   final_refusal      (Optimistic) the code before finding 8: RoomKnown *)
+(*                      retries only Retries times (try_reserve's own     *)
+(*                      RETRIES re-checks), then "refused" even if kc fits.*)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, TLC
 
@@ -104,13 +125,18 @@ CONSTANTS
     Destroys,  \* created contexts are destroyed later
     Crashes,   \* Crash / Exit / Reap enabled
     Expiry,    \* "dead": lease taken over from a dead holder only; "any": at any time
+    Optimistic, \* ReserveKnown as try_reserve does it: add, check, roll back (finding 8)
     Bug
 
 ASSUME Bug \in {"none", "estimate_grow", "backoff_everyone", "no_probe",
                 "release_before_destroy", "known_ignores_probe",
                 "probe_loaded_first", "no_recheck", "no_confirm",
-                "shrink_before_publish", "reap_before_exit"}
+                "shrink_before_publish", "reap_before_exit", "final_refusal"}
 ASSUME Expiry \in {"dead", "any"}
+ASSUME Optimistic \in BOOLEAN /\ (Bug = "final_refusal" => Optimistic)
+\* A process killed with kc in flight leaves it counted, not admitted, until
+\* it is reaped: Accounting.tla's case, not modelled here.
+ASSUME Optimistic => ~Crashes
 ASSUME C > 0 /\ E > 0 /\ L >= Foreign
 ASSUME Procs \subseteq (Nat \ {0})
 
@@ -250,11 +276,41 @@ ReleaseProbe(p) ==
 
 ReserveKnown(p) ==
     /\ pc[p] = "reserve_known"
-    /\ IF CanReserve(kc[p])
-          THEN Set(res, p, res[p] + kc[p]) /\ Goto(p, "create_known") /\ UNCHANGED outcome
-          ELSE UNCHANGED res /\ Goto(p, "refused") /\ Decide(p, "refused")
-    /\ Set(kc, p, 0)
+    /\ IF Optimistic
+          THEN Set(res, p, res[p] + kc[p]) /\ Goto(p, "rk_check") /\ UNCHANGED <<kc, outcome>>
+          ELSE /\ IF CanReserve(kc[p])
+                     THEN Set(res, p, res[p] + kc[p]) /\ Goto(p, "create_known")
+                          /\ UNCHANGED outcome
+                     ELSE UNCHANGED res /\ Goto(p, "refused") /\ Decide(p, "refused")
+               /\ Set(kc, p, 0)
     /\ UNCHANGED <<cost, probe, real, sp, tries>>
+
+\* Optimistic: try_reserve sums the slots, its own kc included; over the
+\* limit -> [rk_rollback], a step of its own: it takes kc back.
+CheckKnown(p) ==
+    /\ pc[p] = "rk_check"
+    /\ IF Sum(res) + Foreign <= L
+          THEN Goto(p, "create_known") /\ Set(kc, p, 0)
+          ELSE Goto(p, "rk_rollback") /\ UNCHANGED kc
+    /\ UNCHANGED <<cost, probe, res, real, sp, tries, outcome>>
+
+RollbackKnown(p) ==
+    /\ pc[p] = "rk_rollback"
+    /\ Goto(p, "rk_room") /\ Set(res, p, res[p] - kc[p])
+    /\ UNCHANGED <<cost, probe, real, kc, sp, tries, outcome>>
+
+\* Optimistic, after a rollback: kc still fits in the free part (what stood
+\* in the way was others' in-flight bytes) -> reserve again (after a wait,
+\* bounded by the deadline in the code); else "refused".  final_refusal
+\* retries Retries times only.
+RoomKnown(p) ==
+    /\ pc[p] = "rk_room"
+    /\ IF Free >= kc[p] /\ (Bug = "final_refusal" => tries[p] < Retries)
+          THEN /\ Goto(p, "reserve_known") /\ UNCHANGED <<kc, outcome>>
+               /\ IF Bug = "final_refusal" THEN Set(tries, p, tries[p] + 1) ELSE UNCHANGED tries
+          ELSE /\ Goto(p, "refused") /\ Decide(p, "refused") /\ Set(kc, p, 0)
+               /\ UNCHANGED tries
+    /\ UNCHANGED <<cost, probe, res, real, sp>>
 
 \* Back off and retry (backoff_everyone) or give up.
 FailEst(p) ==
@@ -352,7 +408,7 @@ PStep(p) ==
     \/ Begin(p) \/ Plan(p) \/ Wait(p)
     \/ TakeProbe(p) \/ Recheck(p) \/ ReserveProbe(p) \/ Confirm(p) \/ Refuse(p)
     \/ Publish(p) \/ Shrink(p) \/ ReleaseProbe(p)
-    \/ ReserveKnown(p) \/ ReserveEstimate(p)
+    \/ ReserveKnown(p) \/ CheckKnown(p) \/ RollbackKnown(p) \/ RoomKnown(p) \/ ReserveEstimate(p)
     \/ Create(p) \/ Measure(p) \/ Grow(p)
     \/ Destroy(p) \/ DestroyReturns(p) \/ Release(p)
 
@@ -366,7 +422,7 @@ Spec == /\ Init /\ [][Next]_vars
 
 PCs == {"begin", "plan", "waiting", "take_probe", "recheck", "reserve_probe", "confirm",
         "refuse_probe", "create_probe", "measure_probe", "publish", "shrink",
-        "release_probe", "reserve_known", "create_known", "measure_known",
+        "release_probe", "reserve_known", "rk_check", "rk_rollback", "rk_room", "create_known", "measure_known",
         "est_reserve", "create_est", "measure_est", "publish_est", "grow",
         "g_destroy", "g_wait", "g_release", "pb_destroy", "pb_wait", "pb_release",
         "pb_publish", "created", "d_wait", "d_release", "rb_destroy", "rb_wait",
@@ -381,7 +437,12 @@ TypeOK ==
 
 \* The GPU memory really in use, contexts being created included.
 RealWithinLimit == Sum(real) + Foreign <= L
-ReservedWithinLimit == Sum(res) + Foreign <= L
+\* Reserved and admitted: kc added by an Optimistic ReserveKnown is in flight
+\* until CheckKnown admits it or RollbackKnown takes it back (the sum of res
+\* may pass L by it for an instant).
+Held == [p \in Procs |-> IF pc[p] \in {"rk_check", "rk_rollback"} THEN res[p] - kc[p]
+                                                                ELSE res[p]]
+ReservedWithinLimit == Sum(Held) + Foreign <= L
 \* Why RealWithinLimit holds: the driver never holds more for a process
 \* than it has reserved (a dying process keeps both until Exit and Reap).
 RealReserved == \A p \in Procs : real[p] <= res[p]
@@ -397,5 +458,8 @@ NCreated == Cardinality({p \in Procs : outcome[p] = "created"})
 EachDecides == \A p \in Procs : <>Decided(p)
 \* N processes start together: all are told, and Min(N, K) get a context.
 HerdProgress == <>((\A p \in Procs : Decided(p)) /\ NCreated = Min(N, K))
+\* Once all N are told, Min(N, K) got a context: no refusal where one fit.
+\* A safety property, for Optimistic, where HerdProgress fails (finding 8).
+HerdExact == (\A p \in Procs : Decided(p)) => NCreated = Min(N, K)
 
 =============================================================================

@@ -105,6 +105,12 @@ pub trait Steps {
     fn destroy(&mut self);
     /// Waits a little before planning again; false once the caller's deadline has passed.
     fn wait(&mut self) -> bool;
+    /// Waits a little before reserving a known cost again after a refusal that was contention
+    /// (the cost still fitted in the free part read after it); false gives up. [`Steps::wait`]
+    /// unless overridden (the models override it to plant the final refusal it replaced).
+    fn retry(&mut self) -> bool {
+        self.wait()
+    }
 }
 
 /// How an admission ended.
@@ -176,9 +182,21 @@ pub fn admit_planned<P: Platform>(
 
 /// A known cost: reserve it, create; a context that measures larger grows its reservation or
 /// is destroyed again.
+///
+/// A refusal is final only if the cost does not fit in the free part read after it.
+/// [`crate::admission::try_reserve`] is optimistic: it adds, sums and rolls back, so reservers
+/// that overlap see each other's in-flight bytes and can all roll back where one of them fits
+/// (three reserving 300 where 400 were free all gave up after its two re-checks: 2 contexts of
+/// 5 where 3 fit). Such a refusal is contention: wait ([`Steps::retry`]) and reserve again,
+/// until the cost fits or is seen not to (or the caller's deadline passes), so that a refused
+/// context is one that did not fit (spec/ContextAdmission.tla, finding 8: `HerdExact`). Safety
+/// stays the reservation's; the retry only adds attempts.
 fn create_at_cost(steps: &mut impl Steps, cost: u64) -> Admitted {
-    if !steps.reserve(cost) {
-        return Admitted::Refused { needed: cost };
+    while !steps.reserve(cost) {
+        let fits = steps.free().is_some_and(|free| free >= cost);
+        if !fits || !steps.retry() {
+            return Admitted::Refused { needed: cost };
+        }
     }
     match steps.create() {
         Err(code) => {
