@@ -15,6 +15,7 @@ suite() {
 
 suite "cargo build (release)"   cargo build --workspace --release --locked
 suite "cargo test"              cargo test --workspace --locked
+suite "cargo test (release)"    cargo test --workspace --release --locked
 suite "c-tests"                 make -C c-tests all-tests
 suite "loom + shuttle models"   bash model/run.sh
 suite "TLA+ (TLC)"              bash spec/run.sh

@@ -134,7 +134,7 @@ pub enum Admitted {
 
 /// Admits and creates one context (the whole of spec/ContextAdmission.tla's process). Where no
 /// limit applies nobody waits for the lease: the context is created, its measured cost
-/// published and counted ([`unlimited`]). `fallback` is what a context counts when its cost
+/// published and counted (`unlimited`). `fallback` is what a context counts when its cost
 /// cannot be measured (no NVML): the prober then shrinks to it and publishes it, so the limit
 /// is only as safe as that estimate.
 pub fn admit<P: Platform>(

@@ -108,7 +108,7 @@ pub fn write<const D: usize, R>(
     (result, took_over)
 }
 
-/// Adds `bytes` of `kind` on `dev` (caller is the writer, inside [`write`]).
+/// Adds `bytes` of `kind` on `dev` (caller is the writer, inside [`write()`]).
 pub fn add<const D: usize>(slot: &ProcSlot<D>, dev: usize, kind: Kind, bytes: u64) {
     let mem = &slot.used[dev];
     mem.total.fetch_add(bytes, Ordering::SeqCst);
@@ -137,7 +137,7 @@ fn take_up_to(counter: &AtomicU64, bytes: u64) -> u64 {
     }
 }
 
-/// Zeroes every device's counters of the slot (caller is the writer, inside [`write`]).
+/// Zeroes every device's counters of the slot (caller is the writer, inside [`write()`]).
 pub fn zero<const D: usize>(slot: &ProcSlot<D>) {
     for mem in &slot.used {
         mem.total.store(0, Ordering::Relaxed);

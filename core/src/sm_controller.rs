@@ -97,14 +97,14 @@ const FAIR_SHARE: f64 = 0.5;
 /// container started or ended a measurement meanwhile.
 const UNSTEADY: f64 = 0.1;
 /// See [`FIRST_CHECK_MAX`].
-const QUIET_PAUSES: u32 = 2;
+pub const QUIET_PAUSES: u32 = 2;
 /// Pause readings kept: the largest of them stands for the other containers' share (one pause
 /// may have fallen on another container's own pause).
 const OTHERS_KEPT: usize = 3;
 /// Points of the limit by which what a re-measurement took beyond the limit's share of its time
 /// (or fell short of it) is paid back each step: spread thin, so that the work stays near the
 /// limit, and other containers' pauses see a steady neighbour, not seconds of nothing.
-const REPAY_POINTS: f64 = 1.5;
+pub const REPAY_POINTS: f64 = 1.5;
 /// Metered steps whose device readings must agree within [`STEADY_POINTS`] before a pause
 /// starts: longer than another container's pause, so that one is seen.
 const RECENT: usize = 5;
@@ -255,11 +255,11 @@ impl Others {
 ///   samples, a re-measurement is framed by two pauses that read the other containers' time
 ///   share `o`, and the rate measured between them is divided by `1 - o`. What a
 ///   re-measurement launched beyond the limit's share of its time (or short of it) is paid back
-///   over [`REPAY_STEPS`], so the average stays at L.
+///   over the following steps, so the average stays at L.
 /// - **Time**: NVML's utilisation of the container's processes at most L%. Above it the rate
 ///   falls by [`GAIN`] of the ratio per step; NVML trails the launches by up to a second, and a
 ///   larger gain oscillates (the `lagging_gpu` test). Off where pauses found other containers
-///   at work ([`Controller::own_time`]).
+///   at work (see `own_time`).
 ///
 /// Both are needed alone on a GPU. NVML alone lets a compute-bound program through at 1.2 times
 /// its share on an H200 (docs/gpu-results.md, runs 2 and 3): NVML reads 99% flat out, but the

@@ -253,7 +253,7 @@ pub struct Report {
 /// The extension page after the region (docs/monitor-contract.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtReport {
-    /// `magic` is [`EXT_MAGIC`] (one of our processes mapped the page).
+    /// `magic` is [`EXT_MAGIC`](hami_shm::layout::EXT_MAGIC) (one of our processes mapped the page).
     pub marked: bool,
     /// `version`.
     pub version: u32,
