@@ -110,6 +110,13 @@ pub const REPAY_POINTS: f64 = 1.5;
 const RECENT: usize = 5;
 /// See [`RECENT`].
 const STEADY_POINTS: f64 = 5.0;
+/// Steps a due pause waits for a steady device at most: a random number from
+/// [`DEFER_MIN_STEPS`] (2 s) to this (8 s). A wait is bounded: a device whose readings never
+/// settle (bursty neighbours) must not keep the container at a first measurement taken beside
+/// them; the readings around the measurement still guard it.
+const DEFER_MAX_STEPS: u32 = 40;
+/// See [`DEFER_MAX_STEPS`].
+const DEFER_MIN_STEPS: u32 = 10;
 /// The least share of the work cap that the time reading's hold carries over a re-measurement.
 const MIN_HELD: f64 = 0.25;
 /// Metered steps before retrying a measurement that was not used: a random number up to this
@@ -287,6 +294,10 @@ pub struct Controller {
     /// The device's last readings in metered steps (newest last), and how many in a row.
     recent: [f64; RECENT],
     recent_count: u32,
+    /// Metered steps a due pause has waited for the device to read steadily, and how many it
+    /// waits at most this time (random: two containers that both wait must not go together).
+    deferred_steps: u32,
+    defer_limit: u32,
     /// The other containers' time shares read by the last [`OTHERS_KEPT`] usable pauses,
     /// newest last, and how many pauses in a row found the device quiet.
     others: [f64; OTHERS_KEPT],
@@ -326,12 +337,15 @@ impl Controller {
             plain_every: FIRST_REMEASURE,
             recent: [0.0; RECENT],
             recent_count: 0,
+            deferred_steps: 0,
+            defer_limit: DEFER_MAX_STEPS,
             others: [0.0; OTHERS_KEPT],
             quiet_pauses: 0,
             owed: 0.0,
             seed: seed | 1,
         };
         c.next_check = c.random_steps(FIRST_CHECK_MIN, FIRST_CHECK_MAX);
+        c.defer_limit = c.random_steps(DEFER_MIN_STEPS, DEFER_MAX_STEPS);
         c
     }
 
@@ -611,7 +625,20 @@ impl Controller {
                 self.next_check = self.next_check.saturating_sub(1);
                 let paused_due = self.pause_next && self.next_check == 0;
                 let worth = s.others_present && s.device_util.is_some();
-                if s.starved && paused_due && worth && self.device_steady() {
+                let steady = self.device_steady();
+                if paused_due && worth && steady && self.deferred_steps > 0 {
+                    // Steady again after waiting: every container that waited sees the same
+                    // moment, so each waits a random few steps more.
+                    self.deferred_steps = 0;
+                    self.next_check = self.random_steps(1, RETRY_MAX);
+                }
+                let paused_due = self.pause_next && self.next_check == 0;
+                let deferred = paused_due && worth && !steady;
+                self.deferred_steps = if deferred { self.deferred_steps + 1 } else { 0 };
+                let go = steady || self.deferred_steps > self.defer_limit;
+                if s.starved && paused_due && worth && go {
+                    self.deferred_steps = 0;
+                    self.defer_limit = self.random_steps(DEFER_MIN_STEPS, DEFER_MAX_STEPS);
                     self.phase = Phase::PausedBefore {
                         steps: 0,
                         readings: Readings::NONE,
@@ -940,6 +967,8 @@ mod tests {
         tenants: Vec<Tenant>,
         seed: u64,
         device: Vec<f64>,
+        /// Points of noise on the device's reading, either way.
+        noise: f64,
     }
 
     struct Tenant {
@@ -973,6 +1002,7 @@ mod tests {
                 tenants,
                 seed: 42,
                 device: Vec::new(),
+                noise: 1.0,
             }
         }
 
@@ -1006,7 +1036,7 @@ mod tests {
                 .seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let noise = ((self.seed >> 33) % 200) as f64 / 100.0 - 1.0;
+            let noise = self.noise * (((self.seed >> 33) % 200) as f64 / 100.0 - 1.0);
             let busy: f64 = time.iter().sum();
             self.device.push((100.0 * busy + noise).clamp(0.0, 100.0));
             let lagged = self.device[self.device.len().saturating_sub(3)];
@@ -1092,6 +1122,56 @@ mod tests {
                 assert!(
                     (share - 25.0).abs() <= 3.0,
                     "seed {seed}: container {i} got {share:.1}% after the second joined"
+                );
+            }
+        }
+    }
+
+    /// Neighbours that never let the device read steadily: a due pause waits for them a bounded
+    /// time (at most 8 s), then goes. Mutation: waiting for a steady device for ever never
+    /// pauses, and the container keeps a first measurement taken beside them.
+    #[test]
+    fn a_pause_waits_for_a_steady_device_but_not_for_ever() {
+        let mut c = Controller::new(25, 3);
+        let busy = |device: f64| Sample {
+            util: Some(device),
+            consumed: 100_000,
+            period_ns: PERIOD_NS,
+            starved: true,
+            device_util: Some(device),
+            others_present: true,
+        };
+        let mut paused_at = None;
+        for step in 0..200u32 {
+            // Two neighbours that never settle: the device reads 20, 40, 20, 40, ...
+            let set = c.step(busy(if step % 2 == 0 { 20.0 } else { 40.0 }));
+            if set.rate == PAUSE_RATE {
+                paused_at = Some(step);
+                break;
+            }
+        }
+        let at = paused_at.expect("a due pause waits at most DEFER_MAX_STEPS for a steady device");
+        let bound = PROBE_MAX_STEPS + FIRST_CHECK_MAX + DEFER_MAX_STEPS + 2;
+        assert!(at <= bound, "paused at step {at}, later than {bound}");
+    }
+
+    /// A device whose readings are noisy (± 4 points): a due pause waits for 5 steps within 5
+    /// points, which every container waiting sees at the same moment, so each then waits a
+    /// random few steps more; the two containers get their shares within 4 points from 25 s on.
+    /// Mutation: going at the first steady moment, they pause and measure together, and stay at
+    /// the halved first measurement (12.7). With ± 5 points of noise the pauses' readings no
+    /// longer agree and the containers stay there too: the H200's readings were within ± 2.
+    #[test]
+    fn a_noisy_device_does_not_hold_the_pauses_off() {
+        for seed in SEEDS {
+            let mut gpu = SharedGpu::new(&[Some(25), Some(25)], seed);
+            gpu.noise = 4.0;
+            gpu.run(400);
+            for i in 0..2 {
+                let share = gpu.share(i, 125);
+                assert!(
+                    (share - 25.0).abs() <= 4.0,
+                    "seed {seed}: container {i} got {share:.1}% on a noisy device"
                 );
             }
         }
