@@ -43,11 +43,7 @@ int main(void)
     const unsigned long long reg0 = region_usage(0), real0 = real_used_by(0, getpid());
 
     /* A pool of our own with one allocation in it. */
-    CUmemPoolProps pp;
-    memset(&pp, 0, sizeof pp);
-    pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    pp.location.id = dev;
+    CUmemPoolProps pp = pool_props(dev);
     CUmemoryPool pool;
     CU(cuMemPoolCreate(&pool, &pp));
     CUdeviceptr small = 0, small2 = 0;

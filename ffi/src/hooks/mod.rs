@@ -62,6 +62,7 @@ pub mod context;
 pub mod devices;
 pub mod dlsym;
 pub mod graph;
+pub mod hook;
 pub mod host_pid;
 pub mod launch;
 pub mod memory;
