@@ -952,7 +952,13 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
     FK_LOCKED(pool_create(pool, poolProps));
 }
 CUresult cuMemPoolDestroy(CUmemoryPool pool) { FK_LOCKED(pool_destroy(pool)); }
-CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) { FK_LOCKED(pool_trim(pool, minBytesToKeep)); }
+/* FAKE_POOL_TRIM_MS: the trim takes that long, before the driver's lock (other calls proceed). */
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    if (g_cfg.pool_trim_ms)
+        fake_sleep_until(fake_now_ns() + g_cfg.pool_trim_ms * 1000000ULL);
+    FK_LOCKED(pool_trim(pool, minBytesToKeep));
+}
 /* No cuDeviceSetMemPool here, so a device's current pool is its default pool. */
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) { FK_LOCKED(dev_pool(pool_out, dev)); }
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { FK_LOCKED(dev_pool(pool, dev)); }

@@ -81,6 +81,7 @@ void fake_config_load(struct fake_config *c)
     c->ctx_bytes = env_num("FAKE_CTX_BYTES", 300 * FAKE_MIB, 1, 0, 1ULL << 50);
     c->ctx_create_ms = env_num("FAKE_CTX_CREATE_MS", 0, 0, 0, 60000);
     c->ctx_destroy_ms = env_num("FAKE_CTX_DESTROY_MS", 0, 0, 0, 60000);
+    c->pool_trim_ms = env_num("FAKE_POOL_TRIM_MS", 0, 0, 0, 60000);
     c->cuda_version = (int)env_num("FAKE_CUDA_VERSION", 12080, 0, 1000, 999999);
     c->ns_per_block = env_num("FAKE_NS_PER_BLOCK", 1000, 0, 0, 1ULL << 32);
     c->graph_blocks = env_num("FAKE_GRAPH_BLOCKS", 1000, 0, 0, 1ULL << 32);

@@ -28,6 +28,7 @@ struct fake_config {
     unsigned long long ctx_bytes;          /* FAKE_CTX_BYTES */
     unsigned long long ctx_create_ms;      /* FAKE_CTX_CREATE_MS */
     unsigned long long ctx_destroy_ms;     /* FAKE_CTX_DESTROY_MS */
+    unsigned long long pool_trim_ms;       /* FAKE_POOL_TRIM_MS */
     int cuda_version;                      /* FAKE_CUDA_VERSION */
     unsigned long long ns_per_block;       /* FAKE_NS_PER_BLOCK */
     unsigned long long graph_blocks;       /* FAKE_GRAPH_BLOCKS */

@@ -334,6 +334,17 @@ static __attribute__((unused)) CUDA_KERNEL_NODE_PARAMS_v2 kernel_node(CUfunction
 }
 
 /* used = total - free, as an application sees it through cuMemGetInfo_v2. */
+/* Properties of a pinned memory pool on CUDA device `dev`. */
+static __attribute__((unused)) CUmemPoolProps pool_props(CUdevice dev)
+{
+    CUmemPoolProps pp;
+    memset(&pp, 0, sizeof pp);
+    pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    pp.location.id = dev;
+    return pp;
+}
+
 static __attribute__((unused)) unsigned long long seen_used(void)
 {
     size_t fr = 0, tot = 0;

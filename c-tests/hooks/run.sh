@@ -63,6 +63,9 @@ t limit-pidns 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_NVML_PID_OFFSET=10
 t limit-2m-ctx 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=2m -- "$build/t_limit"
 t paths 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m -- "$build/t_paths"
 t paths-64k 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m FAKE_GPU_GRANULE=64k -- "$build/t_paths"
+# The library's own pool trim (at the limit) is slow here; another thread's pool free and
+# allocation must not wait for it, and the accounting stays exact.
+t pooltrim 60 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g FAKE_CTX_BYTES=64m FAKE_POOL_TRIM_MS=1500 -- "$build/t_pooltrim"
 t resolve 60 CUDA_DEVICE_MEMORY_LIMIT=1g -- "$build/t_resolve"
 t multi 180 CUDA_DEVICE_MEMORY_LIMIT=1g HK_LIMIT=1g HK_PROCS=8 FAKE_CTX_BYTES=32m HAMI_CONTEXT_SIZE=32m -- "$build/t_multi"
 # The region file cut to 0 under a process holding memory (issue 16): it survives, logs one

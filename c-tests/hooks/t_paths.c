@@ -211,11 +211,7 @@ int main(void)
     CU(cuMemPoolTrimTo(dpool, 0));
     back("cuMemAllocAsync freed with cuMemFree_v2 (+ trim)", b);
 
-    CUmemPoolProps pp;
-    memset(&pp, 0, sizeof pp);
-    pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    pp.location.id = dev;
+    CUmemPoolProps pp = pool_props(dev);
     CUmemoryPool pool;
     CU(cuMemPoolCreate(&pool, &pp));
     b = snap();

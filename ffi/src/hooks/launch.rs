@@ -7,8 +7,9 @@
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::hook::hook;
 use super::types::*;
-use super::{devices, graph, guard, nvml, real};
+use super::{devices, graph, nvml};
 
 /// Before a launch of `blocks` blocks on the current device: waits while suspended, records the
 /// launch for HAMi's monitor (`last_kernel_time`), and calls the SM limiter.
@@ -44,46 +45,39 @@ pub(crate) fn grid_blocks(d: &LaunchDims) -> u64 {
     blocks(d.grid_dim_x, d.grid_dim_y, d.grid_dim_z)
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuInit.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuInit(flags: c_uint) -> CUresult;
+    |real_fn| {
         super::devices::prepare_nvml();
         // SAFETY: forwarding the caller's argument unchanged.
-        let r = unsafe { f(flags) };
+        let r = unsafe { real_fn(flags) };
         if r.ok() {
             if let Some(rt) = crate::runtime::get() {
                 start_limiter(rt);
             }
         }
         r
-    })
+    }
 }
 
-macro_rules! launch_kernel {
-    ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            f: CUfunction,
-            grid_x: c_uint,
-            grid_y: c_uint,
-            grid_z: c_uint,
-            block_x: c_uint,
-            block_y: c_uint,
-            block_z: c_uint,
-            shared_mem_bytes: c_uint,
-            h_stream: CUstream,
-            kernel_params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(real_fn) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+/// The launches by grid (`cuLaunchKernel` with `extra`, `cuLaunchCooperativeKernel` without).
+macro_rules! launch_grid {
+    ($name:ident $(, $extra:ident)?) => {
+        hook! {
+            fn $name(
+                f: CUfunction,
+                grid_x: c_uint,
+                grid_y: c_uint,
+                grid_z: c_uint,
+                block_x: c_uint,
+                block_y: c_uint,
+                block_z: c_uint,
+                shared_mem_bytes: c_uint,
+                h_stream: CUstream,
+                kernel_params: *mut *mut c_void
+                $(, $extra: *mut *mut c_void)?
+            ) -> CUresult;
+            |real_fn| {
                 before_launch(blocks(grid_x, grid_y, grid_z));
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe {
@@ -97,81 +91,36 @@ macro_rules! launch_kernel {
                         block_z,
                         shared_mem_bytes,
                         h_stream,
-                        kernel_params,
-                        extra,
+                        kernel_params
+                        $(, $extra)?
                     )
                 }
-            })
+            }
         }
     };
 }
-launch_kernel!(cuLaunchKernel);
-launch_kernel!(cuLaunchKernel_ptsz);
-
-macro_rules! launch_cooperative {
-    ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            f: CUfunction,
-            grid_x: c_uint,
-            grid_y: c_uint,
-            grid_z: c_uint,
-            block_x: c_uint,
-            block_y: c_uint,
-            block_z: c_uint,
-            shared_mem_bytes: c_uint,
-            h_stream: CUstream,
-            kernel_params: *mut *mut c_void,
-        ) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(real_fn) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
-                before_launch(blocks(grid_x, grid_y, grid_z));
-                // SAFETY: forwarding the caller's arguments unchanged.
-                unsafe {
-                    real_fn(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        h_stream,
-                        kernel_params,
-                    )
-                }
-            })
-        }
-    };
-}
-launch_cooperative!(cuLaunchCooperativeKernel);
-launch_cooperative!(cuLaunchCooperativeKernel_ptsz);
+launch_grid!(cuLaunchKernel, extra);
+launch_grid!(cuLaunchKernel_ptsz, extra);
+launch_grid!(cuLaunchCooperativeKernel);
+launch_grid!(cuLaunchCooperativeKernel_ptsz);
 
 macro_rules! launch_ex {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            config: *const CUlaunchConfig,
-            f: CUfunction,
-            kernel_params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(real_fn) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(
+                config: *const CUlaunchConfig,
+                f: CUfunction,
+                kernel_params: *mut *mut c_void,
+                extra: *mut *mut c_void,
+            ) -> CUresult;
+            |real_fn| {
                 // SAFETY: null-checked; per the API a non-null config points to a CUlaunchConfig.
                 if let Some(c) = unsafe { config.as_ref() } {
                     before_launch(grid_blocks(&c.dims));
                 }
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { real_fn(config, f, kernel_params, extra) }
-            })
+            }
         }
     };
 }
@@ -180,17 +129,13 @@ launch_ex!(cuLaunchKernelEx_ptsz);
 
 macro_rules! graph_launch {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(exec: CUgraphExec, h_stream: CUstream) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(real_fn) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(exec: CUgraphExec, h_stream: CUstream) -> CUresult;
+            |real_fn| {
                 before_launch(graph::launch_blocks(exec).unwrap_or(1));
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { real_fn(exec, h_stream) }
-            })
+            }
         }
     };
 }

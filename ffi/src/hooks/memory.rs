@@ -46,22 +46,25 @@ pub(crate) fn release_record(rt: &Runtime, rec: &Record) {
         rt.release(rec.dev, rec.kind, rec.bytes);
         return;
     }
-    let direct = table::with_pools(|m| match m.get_mut(&rec.pool) {
-        Some(st) => {
-            st.inuse = st.inuse.saturating_sub(rec.bytes);
-            if st.destroyed {
-                st.reserved = st.reserved.saturating_sub(rec.bytes);
-                rt.release(st.dev, Kind::Data, rec.bytes);
-                if st.inuse == 0 {
-                    m.remove(&rec.pool);
-                }
+    // A destroyed pool holds only its live allocations: what it reserved beyond them goes back.
+    let back = table::with_pools(|m| {
+        let st = m.get_mut(&rec.pool)?;
+        st.inuse = st.inuse.saturating_sub(rec.bytes);
+        st.epoch += 1;
+        let (dev, spare) = (st.dev, st.reserved - st.reserved.min(st.inuse));
+        if st.destroyed {
+            st.reserved -= spare;
+            if st.inuse == 0 {
+                m.remove(&rec.pool);
             }
-            false
+            return Some((dev, spare));
         }
-        None => true,
+        Some((dev, 0))
     });
-    if direct {
-        rt.release(rec.dev, rec.kind, rec.bytes);
+    match back {
+        None => rt.release(rec.dev, rec.kind, rec.bytes),
+        Some((dev, spare)) if spare > 0 => rt.release(dev, Kind::Data, spare),
+        Some(_) => {}
     }
 }
 
@@ -461,20 +464,77 @@ fn reserved_real(pool: usize) -> Option<u64> {
     r.ok().then_some(v)
 }
 
-/// Moves the model's reserve of `pool` to what the driver reports (never below `inuse`). Fails,
-/// changing nothing, if a larger reserve is refused.
-fn reconcile(rt: &Runtime, m: &mut table::PoolMap, pool: usize) -> Result<(), OutOfMemory> {
-    let (Some(st), Some(real)) = (m.get_mut(&pool), reserved_real(pool)) else {
-        return Ok(());
-    };
-    let target = real.max(st.inuse);
-    if target > st.reserved {
-        rt.reserve(st.dev, Kind::Data, target - st.reserved)?;
-    } else {
-        rt.release(st.dev, Kind::Data, st.reserved - target);
+/// How far [`settle`] may move a pool's model.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// Only down (after a trim, which never grows a pool).
+    Shrink,
+    /// Down, or up by a reservation in the region (after an allocation).
+    Both,
+}
+
+/// How often [`settle`] reads the driver again when the pool's model changed under it.
+const SETTLE_TRIES: usize = 4;
+
+/// Moves the model's reserve of `pool` to the driver's count (never below `inuse`), or to
+/// `fallback(model)` where the driver cannot tell. The driver is read with the map unlocked,
+/// and the reading is applied only if the pool's model is still the one it was read against
+/// (else read again; after [`SETTLE_TRIES`] the model stays: the change that interfered is an
+/// allocation, followed by its own settle, or a free, which leaves the reserve). Growth is
+/// reserved in the region with the map unlocked, then recorded. Returns the bytes released;
+/// fails, changing nothing, if a larger reserve is refused.
+fn settle(
+    rt: &Runtime,
+    pool: usize,
+    how: Settle,
+    fallback: impl Fn(&table::PoolState) -> Option<u64>,
+) -> Result<u64, OutOfMemory> {
+    for _ in 0..SETTLE_TRIES {
+        let Some(seen) = table::with_pools(|m| m.get(&pool).copied()) else {
+            return Ok(0);
+        };
+        let Some(real) = reserved_real(pool).or_else(|| fallback(&seen)) else {
+            return Ok(0);
+        };
+        // (device, bytes released from the model, bytes the model must grow by)
+        let step = table::with_pools(|m| {
+            let st = m.get_mut(&pool).filter(|st| **st == seen)?;
+            let target = real.max(st.inuse);
+            if target > st.reserved {
+                let short = if how == Settle::Both {
+                    target - st.reserved
+                } else {
+                    0
+                };
+                return Some((st.dev, 0, short));
+            }
+            let spare = st.reserved - target;
+            st.reserved = target;
+            st.epoch += 1;
+            Some((st.dev, spare, 0))
+        });
+        let Some((dev, spare, short)) = step else {
+            continue;
+        };
+        if spare > 0 {
+            rt.release(dev, Kind::Data, spare);
+        }
+        if short > 0 {
+            rt.reserve(dev, Kind::Data, short)?;
+            let kept = table::with_pools(|m| {
+                let st = m.get_mut(&pool).filter(|st| !st.destroyed)?;
+                st.reserved += short;
+                st.epoch += 1;
+                Some(())
+            });
+            if kept.is_none() {
+                // Destroyed meanwhile: a destroyed pool keeps no reserve beyond its allocations.
+                rt.release(dev, Kind::Data, short);
+            }
+        }
+        return Ok(spare);
     }
-    st.reserved = target;
-    Ok(())
+    Ok(0)
 }
 
 /// Trims `pool` to its live allocations with the real driver.
@@ -488,41 +548,49 @@ fn trim_real(pool: usize) -> bool {
 }
 
 /// Trims every pool on region device `dev` that holds unused reserve (the real
-/// `cuMemPoolTrimTo(pool, 0)`), releasing that reserve in the region. Returns the bytes released.
-fn trim_cached(rt: &Runtime, m: &mut table::PoolMap, dev: usize) -> u64 {
-    let mut released = 0;
-    for (&pool, st) in m.iter_mut() {
-        if st.dev == dev && !st.destroyed && st.reserved > st.inuse && trim_real(pool) {
-            let left = reserved_real(pool).map_or(st.inuse, |r| r.max(st.inuse));
-            if left < st.reserved {
-                let spare = st.reserved - left;
-                rt.release(st.dev, Kind::Data, spare);
-                st.reserved = left;
-                released += spare;
-            }
-        }
-    }
-    released
+/// `cuMemPoolTrimTo(pool, 0)`, with the pool map unlocked), releasing that reserve in the
+/// region. Returns the bytes released.
+fn trim_cached(rt: &Runtime, dev: usize) -> u64 {
+    let cached: Vec<usize> = table::with_pools(|m| {
+        m.iter()
+            .filter(|(_, st)| st.dev == dev && !st.destroyed && st.reserved > st.inuse)
+            .map(|(&pool, _)| pool)
+            .collect()
+    });
+    cached
+        .into_iter()
+        .filter(|&pool| trim_real(pool))
+        // Trimmed to 0, a pool the driver cannot count for us keeps its live allocations.
+        .map(|pool| settle(rt, pool, Settle::Shrink, |_| Some(0)).unwrap_or(0))
+        .sum()
 }
 
-/// [`Runtime::reserve`], and if refused, once more after trimming the device's pools of the
-/// memory the application already freed into them.
+/// The one policy for a refused reservation on region device `dev`: trim the device's pools
+/// of the memory the application already freed into them, and if that released anything,
+/// make the `attempt` once more.
+fn reclaiming<T>(
+    rt: &Runtime,
+    dev: usize,
+    mut attempt: impl FnMut() -> Result<T, OutOfMemory>,
+) -> Result<T, OutOfMemory> {
+    match attempt() {
+        Err(oom) if trim_cached(rt, dev) == 0 => Err(oom),
+        Err(_) => attempt(),
+        ok => ok,
+    }
+}
+
+/// [`Runtime::reserve`], reclaiming pool memory if refused ([`reclaiming`]).
 pub(crate) fn reserve(rt: &Runtime, dev: usize, kind: Kind, bytes: u64) -> Result<(), OutOfMemory> {
     crate::suspend::wait_while_suspended(rt);
-    match rt.reserve(dev, kind, bytes) {
-        Ok(()) => Ok(()),
-        Err(oom) => {
-            if table::with_pools(|m| trim_cached(rt, m, dev)) == 0 {
-                return Err(oom);
-            }
-            rt.reserve(dev, kind, bytes)
-        }
-    }
+    reclaiming(rt, dev, || rt.reserve(dev, kind, bytes))
 }
 
-/// Takes `bytes` from `pool`'s model, growing its reserve (admitted in the region) as needed;
-/// if refused, trims the device's pools (this one included) and tries once more. Returns how
-/// much the reserve grew.
+/// How often [`take_once`] reserves again when a concurrent trim took the reserve it counted on.
+const TAKE_ROUNDS: usize = 8;
+
+/// Takes `bytes` from `pool`'s model, growing its reserve (admitted in the region) as needed,
+/// reclaiming pool memory if refused ([`reclaiming`]). Returns how much the reserve grew.
 fn pool_take(
     rt: &Runtime,
     pool: usize,
@@ -531,54 +599,74 @@ fn pool_take(
     bytes: u64,
 ) -> Result<u64, OutOfMemory> {
     crate::suspend::wait_while_suspended(rt);
-    table::with_pools(|m| {
-        let fresh = table::PoolState {
-            dev,
-            ordinal,
-            reserved: 0,
-            inuse: 0,
-            destroyed: false,
-        };
-        let st = *m.entry(pool).or_insert(fresh);
-        let chunk = if real::cuMemPoolGetAttribute.get().is_some() {
-            POOL_CHUNK
-        } else {
-            1
-        };
-        let mut grow = round_up(
-            st.inuse.saturating_add(bytes).saturating_sub(st.reserved),
-            chunk,
-        );
-        if grow > 0 {
-            if let Err(oom) = rt.reserve(st.dev, Kind::Data, grow) {
-                if trim_cached(rt, m, st.dev) == 0 {
-                    return Err(oom);
-                }
-                let st = m.get(&pool).copied().unwrap_or(fresh);
-                grow = round_up(
-                    st.inuse.saturating_add(bytes).saturating_sub(st.reserved),
-                    chunk,
-                );
-                rt.reserve(st.dev, Kind::Data, grow)?;
+    let fresh = table::PoolState::new(dev, ordinal);
+    let chunk = if real::cuMemPoolGetAttribute.get().is_some() {
+        POOL_CHUNK
+    } else {
+        1
+    };
+    reclaiming(rt, dev, || take_once(rt, pool, fresh, bytes, chunk))
+}
+
+/// One attempt of [`pool_take`]. The shortfall is reserved in the region with the map unlocked
+/// and recorded as the pool's reserve before anything else reads it, so no byte is lost or
+/// counted twice; if a trim lowered the reserve meanwhile, the new shortfall is reserved in
+/// another round. A refusal gives back what the earlier rounds reserved.
+fn take_once(
+    rt: &Runtime,
+    pool: usize,
+    fresh: table::PoolState,
+    bytes: u64,
+    chunk: u64,
+) -> Result<u64, OutOfMemory> {
+    let (mut grown, mut short, mut dev) = (0, 0, fresh.dev);
+    for _ in 0..TAKE_ROUNDS {
+        let need;
+        (dev, need) = table::with_pools(|m| {
+            let st = m.entry(pool).or_insert(fresh);
+            st.reserved += short;
+            let need = round_up(
+                st.inuse.saturating_add(bytes).saturating_sub(st.reserved),
+                chunk,
+            );
+            if need == 0 {
+                st.inuse += bytes;
             }
+            st.epoch += 1;
+            (st.dev, need)
+        });
+        grown += short;
+        if need == 0 {
+            return Ok(grown);
         }
-        if let Some(st) = m.get_mut(&pool) {
-            st.reserved += grow;
-            st.inuse += bytes;
+        if let Err(oom) = rt.reserve(dev, Kind::Data, need) {
+            pool_untake(rt, pool, 0, grown);
+            return Err(oom);
         }
-        Ok(grow)
+        short = need;
+    }
+    // Trimmed under us round after round (the device is at its limit): refuse.
+    rt.release(dev, Kind::Data, short);
+    pool_untake(rt, pool, 0, grown);
+    Err(OutOfMemory::OverLimit {
+        used: rt.usage(dev),
+        limit: rt.limit(dev).unwrap_or(0),
     })
 }
 
 /// Undoes [`pool_take`] after the driver refused the allocation.
 fn pool_untake(rt: &Runtime, pool: usize, bytes: u64, grow: u64) {
-    table::with_pools(|m| {
-        if let Some(st) = m.get_mut(&pool) {
-            st.inuse = st.inuse.saturating_sub(bytes);
-            st.reserved = st.reserved.saturating_sub(grow);
-            rt.release(st.dev, Kind::Data, grow);
-        }
-    })
+    let back = table::with_pools(|m| {
+        let st = m.get_mut(&pool)?;
+        st.inuse = st.inuse.saturating_sub(bytes);
+        let back = grow.min(st.reserved - st.reserved.min(st.inuse));
+        st.reserved -= back;
+        st.epoch += 1;
+        Some((st.dev, back))
+    });
+    if let Some((dev, back)) = back.filter(|&(_, b)| b > 0) {
+        rt.release(dev, Kind::Data, back);
+    }
 }
 
 /// Frees a stream-ordered allocation we just made, on the stream it was made on.
@@ -640,20 +728,17 @@ fn pool_alloc(
     let k = key();
     // The driver may have grown the pool by more than the model (its own steps): account what
     // it reports, or give the allocation back if that does not fit.
-    let fits = table::with_pools(|m| {
-        let Err(oom) = reconcile(a.rt, m, p) else {
-            return Ok(());
-        };
+    if let Err(oom) = settle(a.rt, p, Settle::Both, |_| None) {
         undo(k);
-        if let Some(st) = m.get_mut(&p) {
-            st.inuse = st.inuse.saturating_sub(bytes);
-        }
+        table::with_pools(|m| {
+            if let Some(st) = m.get_mut(&p) {
+                st.inuse = st.inuse.saturating_sub(bytes);
+                st.epoch += 1;
+            }
+        });
         if trim_real(p) {
-            let _ = reconcile(a.rt, m, p);
+            let _ = settle(a.rt, p, Settle::Both, |_| None);
         }
-        Err(oom)
-    });
-    if let Err(oom) = fits {
         return refused(what, dev, bytes, oom);
     }
     log_debug!("{what}: {bytes} bytes from pool {p:#x} on device {dev} (reserve grew {grow})");
@@ -769,16 +854,8 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: 
         let Some(a) = active() else {
             return r;
         };
-        table::with_pools(|m| {
-            if let Some(st) = m.get_mut(&(pool as usize)) {
-                let keep = reserved_real(pool as usize)
-                    .unwrap_or_else(|| round_up(min_bytes_to_keep as u64, granularity(st.ordinal)))
-                    .max(st.inuse);
-                if st.reserved > keep {
-                    a.rt.release(st.dev, Kind::Data, st.reserved - keep);
-                    st.reserved = keep;
-                }
-            }
+        let _ = settle(a.rt, pool as usize, Settle::Shrink, |st| {
+            Some(round_up(min_bytes_to_keep as u64, granularity(st.ordinal)))
         });
         r
     })
@@ -810,18 +887,8 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         let handle = unsafe { *pool };
         if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
             if let Some(dev) = devices::region_index(a.rt, p.location.id) {
-                table::with_pools(|m| {
-                    m.insert(
-                        handle as usize,
-                        table::PoolState {
-                            dev,
-                            ordinal: p.location.id,
-                            reserved: 0,
-                            inuse: 0,
-                            destroyed: false,
-                        },
-                    )
-                });
+                let fresh = table::PoolState::new(dev, p.location.id);
+                table::with_pools(|m| m.insert(handle as usize, fresh));
             }
         }
         r
@@ -845,17 +912,21 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         let Some(a) = active() else {
             return r;
         };
-        table::with_pools(|m| {
-            let key = pool as usize;
-            if let Some(st) = m.get_mut(&key) {
-                a.rt.release(st.dev, Kind::Data, st.reserved - st.inuse);
-                st.reserved = st.inuse;
-                st.destroyed = true;
-                if st.inuse == 0 {
-                    m.remove(&key);
-                }
+        let key = pool as usize;
+        let spare = table::with_pools(|m| {
+            let st = m.get_mut(&key)?;
+            let spare = (st.dev, st.reserved - st.reserved.min(st.inuse));
+            st.reserved -= spare.1;
+            st.destroyed = true;
+            st.epoch += 1;
+            if st.inuse == 0 {
+                m.remove(&key);
             }
+            Some(spare)
         });
+        if let Some((dev, bytes)) = spare.filter(|&(_, b)| b > 0) {
+            a.rt.release(dev, Kind::Data, bytes);
+        }
         r
     })
 }

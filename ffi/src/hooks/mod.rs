@@ -32,7 +32,10 @@
 //! `cuMemPoolTrimTo` and `cuMemPoolDestroy` release the unused reserve. When the region refuses
 //! any allocation (a pool's growth, `cuMemAlloc`, a context...), the hook trims the device's pools
 //! (real `cuMemPoolTrimTo(pool, 0)`, which drops only unused reserve) and tries once more, so
-//! memory the application already freed never causes its OOM. On a driver that releases pool memory at synchronisation (release threshold 0, CUDA's
+//! memory the application already freed never causes its OOM. The pool map's
+//! lock guards the map alone: trims, driver queries and region reservations run with it
+//! released, and a driver reading is applied only to the pool model it was taken against.
+//! On a driver that releases pool memory at synchronisation (release threshold 0, CUDA's
 //! default) the region may count a reserve the driver has already given back, until the next
 //! trim: the views then show less free memory than there is, never more.
 //!
@@ -59,6 +62,7 @@ pub mod context;
 pub mod devices;
 pub mod dlsym;
 pub mod graph;
+pub mod hook;
 pub mod host_pid;
 pub mod launch;
 pub mod memory;

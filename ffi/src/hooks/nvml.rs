@@ -15,8 +15,9 @@ use hami_shm::layout::ABI_DEVS;
 
 use crate::runtime::Runtime;
 
+use super::hook::hook;
 use super::types::*;
-use super::{active, devices, guard, real};
+use super::{active, devices, real};
 
 /// The region index of an NVML handle (its NVML index), if the region has it.
 pub(super) fn region_of(device: NvmlDevice) -> Option<usize> {
@@ -66,21 +67,14 @@ fn memory_info<M>(
     r
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
-    device: NvmlDevice,
-    memory: *mut NvmlMemory,
-) -> NvmlReturn {
-    guard(NvmlReturn::UNKNOWN, || {
-        let Some(f) = real::nvmlDeviceGetMemoryInfo.require() else {
-            return NvmlReturn::FUNCTION_NOT_FOUND;
-        };
+hook! {
+    fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn;
+    |real_fn| {
         memory_info(
             device,
             memory,
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(device, memory) },
+            || unsafe { real_fn(device, memory) },
             |m| m.total,
             |m, total, used| {
                 m.total = total;
@@ -88,24 +82,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
                 m.free = total.saturating_sub(used);
             },
         )
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
-    device: NvmlDevice,
-    memory: *mut NvmlMemoryV2,
-) -> NvmlReturn {
-    guard(NvmlReturn::UNKNOWN, || {
-        let Some(f) = real::nvmlDeviceGetMemoryInfo_v2.require() else {
-            return NvmlReturn::FUNCTION_NOT_FOUND;
-        };
+hook! {
+    fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn;
+    |real_fn| {
         memory_info(
             device,
             memory,
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(device, memory) },
+            || unsafe { real_fn(device, memory) },
             |m| m.total,
             |m, total, used| {
                 m.total = total;
@@ -114,7 +101,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
                 m.free = total.saturating_sub(used).saturating_sub(m.reserved);
             },
         )
-    })
+    }
 }
 
 // ---- Utilisation source of the SM limiter ------------------------------------------------------

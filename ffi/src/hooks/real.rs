@@ -189,6 +189,14 @@ impl<F: Copy> Real<F> {
     }
 }
 
+/// `name`, which ends with its NUL, as a C string (for the slot macros, at compile time).
+pub const fn c_name(name: &'static [u8]) -> &'static CStr {
+    match CStr::from_bytes_with_nul(name) {
+        Ok(c) => c,
+        Err(_) => panic!("symbol name without its NUL or with another"),
+    }
+}
+
 macro_rules! real_fns {
     ($lib:ident; $( $name:ident ( $($ty:ty),* $(,)? ) -> $ret:ty; )*) => {
         $(
@@ -196,10 +204,7 @@ macro_rules! real_fns {
             #[doc = concat!("The real `", stringify!($name), "`.")]
             pub static $name: Real<unsafe extern "C" fn($($ty),*) -> $ret> = Real::new(
                 &$lib,
-                match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                    Ok(c) => c,
-                    Err(_) => panic!("symbol name with a NUL"),
-                },
+                c_name(concat!(stringify!($name), "\0").as_bytes()),
             );
         )*
     };
@@ -211,7 +216,6 @@ type SizeP = *mut usize;
 type DptrP = *mut CUdeviceptr;
 
 real_fns! { CUDA;
-    cuInit(u32) -> CUresult;
     cuGetProcAddress(CCharP, VoidPP, c_int, Cuuint64) -> CUresult;
     cuGetProcAddress_v2(CCharP, VoidPP, c_int, Cuuint64, *mut c_int) -> CUresult;
     cuDeviceGet(*mut CUdevice, c_int) -> CUresult;
@@ -271,14 +275,6 @@ real_fns! { CUDA;
     cuDeviceTotalMem(*mut u32, CUdevice) -> CUresult;
     cuDeviceTotalMem_v2(SizeP, CUdevice) -> CUresult;
 
-    cuLaunchKernel(CUfunction, u32, u32, u32, u32, u32, u32, u32, CUstream, VoidPP, VoidPP) -> CUresult;
-    cuLaunchKernel_ptsz(CUfunction, u32, u32, u32, u32, u32, u32, u32, CUstream, VoidPP, VoidPP) -> CUresult;
-    cuLaunchKernelEx(*const CUlaunchConfig, CUfunction, VoidPP, VoidPP) -> CUresult;
-    cuLaunchKernelEx_ptsz(*const CUlaunchConfig, CUfunction, VoidPP, VoidPP) -> CUresult;
-    cuLaunchCooperativeKernel(CUfunction, u32, u32, u32, u32, u32, u32, u32, CUstream, VoidPP) -> CUresult;
-    cuLaunchCooperativeKernel_ptsz(CUfunction, u32, u32, u32, u32, u32, u32, u32, CUstream, VoidPP) -> CUresult;
-    cuGraphLaunch(CUgraphExec, CUstream) -> CUresult;
-    cuGraphLaunch_ptsz(CUgraphExec, CUstream) -> CUresult;
 
     cuGraphInstantiate(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize) -> CUresult;
     cuGraphInstantiate_v2(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize) -> CUresult;
@@ -304,8 +300,6 @@ real_fns! { NVML;
     nvmlDeviceGetIndex(NvmlDevice, *mut u32) -> NvmlReturn;
     nvmlDeviceGetMaxMigDeviceCount(NvmlDevice, *mut u32) -> NvmlReturn;
     nvmlDeviceGetMigDeviceHandleByIndex(NvmlDevice, u32, *mut NvmlDevice) -> NvmlReturn;
-    nvmlDeviceGetMemoryInfo(NvmlDevice, *mut NvmlMemory) -> NvmlReturn;
-    nvmlDeviceGetMemoryInfo_v2(NvmlDevice, *mut NvmlMemoryV2) -> NvmlReturn;
     nvmlDeviceGetComputeRunningProcesses(NvmlDevice, *mut u32, *mut NvmlProcessInfoV1) -> NvmlReturn;
     nvmlDeviceGetComputeRunningProcesses_v2(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;
     nvmlDeviceGetComputeRunningProcesses_v3(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;

@@ -43,9 +43,27 @@ pub struct Family {
     pub variants: &'static [Variant],
 }
 
+/// A variant declared with [`super::hook::hook`]: its real slot is the hook's `REAL`.
 macro_rules! v {
     ($m:ident :: $f:ident, $since:expr) => {
         v!($m::$f, $since, false)
+    };
+    ($m:ident :: $f:ident, $since:expr, $ptsz:expr) => {
+        Variant {
+            name: stringify!($f),
+            hook: $m::$f as *const (),
+            real: &$m::$f::REAL,
+            since: $since,
+            ptsz: $ptsz,
+        }
+    };
+}
+
+/// A variant whose hook is not declared with [`super::hook::hook`] yet: its real slot is in
+/// [`real`].
+macro_rules! vr {
+    ($m:ident :: $f:ident, $since:expr) => {
+        vr!($m::$f, $since, false)
     };
     ($m:ident :: $f:ident, $since:expr, $ptsz:expr) => {
         Variant {
@@ -68,46 +86,46 @@ macro_rules! fam {
 pub static FAMILIES: &[Family] = &[
     fam!(cuInit: v!(launch::cuInit, 2000)),
     fam!(cuGetProcAddress:
-        v!(procaddr::cuGetProcAddress, 11030),
-        v!(procaddr::cuGetProcAddress_v2, 12000)),
-    fam!(cuMemAlloc: v!(memory::cuMemAlloc, 2000), v!(memory::cuMemAlloc_v2, 3020)),
-    fam!(cuMemAllocPitch: v!(memory::cuMemAllocPitch, 2000), v!(memory::cuMemAllocPitch_v2, 3020)),
-    fam!(cuMemFree: v!(memory::cuMemFree, 2000), v!(memory::cuMemFree_v2, 3020)),
-    fam!(cuMemAllocManaged: v!(memory::cuMemAllocManaged, 6000)),
-    fam!(cuMemCreate: v!(memory::cuMemCreate, 10020)),
-    fam!(cuMemRelease: v!(memory::cuMemRelease, 10020)),
+        vr!(procaddr::cuGetProcAddress, 11030),
+        vr!(procaddr::cuGetProcAddress_v2, 12000)),
+    fam!(cuMemAlloc: vr!(memory::cuMemAlloc, 2000), vr!(memory::cuMemAlloc_v2, 3020)),
+    fam!(cuMemAllocPitch: vr!(memory::cuMemAllocPitch, 2000), vr!(memory::cuMemAllocPitch_v2, 3020)),
+    fam!(cuMemFree: vr!(memory::cuMemFree, 2000), vr!(memory::cuMemFree_v2, 3020)),
+    fam!(cuMemAllocManaged: vr!(memory::cuMemAllocManaged, 6000)),
+    fam!(cuMemCreate: vr!(memory::cuMemCreate, 10020)),
+    fam!(cuMemRelease: vr!(memory::cuMemRelease, 10020)),
     fam!(cuMemAllocAsync:
-        v!(memory::cuMemAllocAsync, 11020),
-        v!(memory::cuMemAllocAsync_ptsz, 11020, true)),
+        vr!(memory::cuMemAllocAsync, 11020),
+        vr!(memory::cuMemAllocAsync_ptsz, 11020, true)),
     fam!(cuMemAllocFromPoolAsync:
-        v!(memory::cuMemAllocFromPoolAsync, 11020),
-        v!(memory::cuMemAllocFromPoolAsync_ptsz, 11020, true)),
+        vr!(memory::cuMemAllocFromPoolAsync, 11020),
+        vr!(memory::cuMemAllocFromPoolAsync_ptsz, 11020, true)),
     fam!(cuMemFreeAsync:
-        v!(memory::cuMemFreeAsync, 11020),
-        v!(memory::cuMemFreeAsync_ptsz, 11020, true)),
-    fam!(cuMemPoolTrimTo: v!(memory::cuMemPoolTrimTo, 11020)),
-    fam!(cuMemPoolCreate: v!(memory::cuMemPoolCreate, 11020)),
-    fam!(cuMemPoolDestroy: v!(memory::cuMemPoolDestroy, 11020)),
-    fam!(cuArrayCreate: v!(memory::cuArrayCreate, 2000), v!(memory::cuArrayCreate_v2, 3020)),
-    fam!(cuArray3DCreate: v!(memory::cuArray3DCreate, 2000), v!(memory::cuArray3DCreate_v2, 3020)),
-    fam!(cuArrayDestroy: v!(memory::cuArrayDestroy, 2000)),
-    fam!(cuMipmappedArrayCreate: v!(memory::cuMipmappedArrayCreate, 5000)),
-    fam!(cuMipmappedArrayDestroy: v!(memory::cuMipmappedArrayDestroy, 5000)),
-    fam!(cuMemGetInfo: v!(memory::cuMemGetInfo, 2000), v!(memory::cuMemGetInfo_v2, 3020)),
-    fam!(cuDeviceTotalMem: v!(memory::cuDeviceTotalMem, 2000), v!(memory::cuDeviceTotalMem_v2, 3020)),
+        vr!(memory::cuMemFreeAsync, 11020),
+        vr!(memory::cuMemFreeAsync_ptsz, 11020, true)),
+    fam!(cuMemPoolTrimTo: vr!(memory::cuMemPoolTrimTo, 11020)),
+    fam!(cuMemPoolCreate: vr!(memory::cuMemPoolCreate, 11020)),
+    fam!(cuMemPoolDestroy: vr!(memory::cuMemPoolDestroy, 11020)),
+    fam!(cuArrayCreate: vr!(memory::cuArrayCreate, 2000), vr!(memory::cuArrayCreate_v2, 3020)),
+    fam!(cuArray3DCreate: vr!(memory::cuArray3DCreate, 2000), vr!(memory::cuArray3DCreate_v2, 3020)),
+    fam!(cuArrayDestroy: vr!(memory::cuArrayDestroy, 2000)),
+    fam!(cuMipmappedArrayCreate: vr!(memory::cuMipmappedArrayCreate, 5000)),
+    fam!(cuMipmappedArrayDestroy: vr!(memory::cuMipmappedArrayDestroy, 5000)),
+    fam!(cuMemGetInfo: vr!(memory::cuMemGetInfo, 2000), vr!(memory::cuMemGetInfo_v2, 3020)),
+    fam!(cuDeviceTotalMem: vr!(memory::cuDeviceTotalMem, 2000), vr!(memory::cuDeviceTotalMem_v2, 3020)),
     fam!(cuCtxCreate:
-        v!(context::cuCtxCreate, 2000),
-        v!(context::cuCtxCreate_v2, 3020),
-        v!(context::cuCtxCreate_v3, 11040),
-        v!(context::cuCtxCreate_v4, 12050)),
-    fam!(cuCtxDestroy: v!(context::cuCtxDestroy, 2000), v!(context::cuCtxDestroy_v2, 4000)),
-    fam!(cuDevicePrimaryCtxRetain: v!(context::cuDevicePrimaryCtxRetain, 7000)),
+        vr!(context::cuCtxCreate, 2000),
+        vr!(context::cuCtxCreate_v2, 3020),
+        vr!(context::cuCtxCreate_v3, 11040),
+        vr!(context::cuCtxCreate_v4, 12050)),
+    fam!(cuCtxDestroy: vr!(context::cuCtxDestroy, 2000), vr!(context::cuCtxDestroy_v2, 4000)),
+    fam!(cuDevicePrimaryCtxRetain: vr!(context::cuDevicePrimaryCtxRetain, 7000)),
     fam!(cuDevicePrimaryCtxRelease:
-        v!(context::cuDevicePrimaryCtxRelease, 7000),
-        v!(context::cuDevicePrimaryCtxRelease_v2, 11000)),
+        vr!(context::cuDevicePrimaryCtxRelease, 7000),
+        vr!(context::cuDevicePrimaryCtxRelease_v2, 11000)),
     fam!(cuDevicePrimaryCtxReset:
-        v!(context::cuDevicePrimaryCtxReset, 7000),
-        v!(context::cuDevicePrimaryCtxReset_v2, 11000)),
+        vr!(context::cuDevicePrimaryCtxReset, 7000),
+        vr!(context::cuDevicePrimaryCtxReset_v2, 11000)),
     fam!(cuLaunchKernel:
         v!(launch::cuLaunchKernel, 4000),
         v!(launch::cuLaunchKernel_ptsz, 7000, true)),
@@ -124,39 +142,39 @@ pub static FAMILIES: &[Family] = &[
     // `cuGraphInstantiateWithFlags` (cudaTypedefs.h: PFN_cuGraphInstantiate is
     // PFN_cuGraphInstantiateWithFlags_v11040), which the driver returns for it.
     fam!(cuGraphInstantiate:
-        v!(graph::cuGraphInstantiate, 10000),
-        v!(graph::cuGraphInstantiate_v2, 11000),
-        v!(graph::cuGraphInstantiateWithFlags, 12000)),
+        vr!(graph::cuGraphInstantiate, 10000),
+        vr!(graph::cuGraphInstantiate_v2, 11000),
+        vr!(graph::cuGraphInstantiateWithFlags, 12000)),
     fam!(cuGraphInstantiateWithParams:
-        v!(graph::cuGraphInstantiateWithParams, 12000),
-        v!(graph::cuGraphInstantiateWithParams_ptsz, 12000, true)),
+        vr!(graph::cuGraphInstantiateWithParams, 12000),
+        vr!(graph::cuGraphInstantiateWithParams_ptsz, 12000, true)),
     fam!(cuGraphExecUpdate:
-        v!(graph::cuGraphExecUpdate, 10020),
-        v!(graph::cuGraphExecUpdate_v2, 12000)),
-    fam!(cuGraphExecDestroy: v!(graph::cuGraphExecDestroy, 10000)),
+        vr!(graph::cuGraphExecUpdate, 10020),
+        vr!(graph::cuGraphExecUpdate_v2, 12000)),
+    fam!(cuGraphExecDestroy: vr!(graph::cuGraphExecDestroy, 10000)),
     fam!(nvmlDeviceGetMemoryInfo: v!(nvml::nvmlDeviceGetMemoryInfo, 0)),
     fam!(nvmlDeviceGetMemoryInfo_v2: v!(nvml::nvmlDeviceGetMemoryInfo_v2, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses:
-        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses, 0)),
+        vr!(nvml_procs::nvmlDeviceGetComputeRunningProcesses, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses_v2:
-        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v2, 0)),
+        vr!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v2, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses_v3:
-        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v3, 0)),
+        vr!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v3, 0)),
     fam!(nvmlDeviceGetGraphicsRunningProcesses:
-        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses, 0)),
+        vr!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses, 0)),
     fam!(nvmlDeviceGetGraphicsRunningProcesses_v2:
-        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v2, 0)),
+        vr!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v2, 0)),
     fam!(nvmlDeviceGetGraphicsRunningProcesses_v3:
-        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v3, 0)),
+        vr!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v3, 0)),
     fam!(nvmlDeviceGetMPSComputeRunningProcesses:
-        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses, 0)),
+        vr!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses, 0)),
     fam!(nvmlDeviceGetMPSComputeRunningProcesses_v2:
-        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v2, 0)),
+        vr!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v2, 0)),
     fam!(nvmlDeviceGetMPSComputeRunningProcesses_v3:
-        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v3, 0)),
+        vr!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v3, 0)),
     fam!(nvmlDeviceGetProcessUtilization:
-        v!(nvml_procs::nvmlDeviceGetProcessUtilization, 0)),
-    fam!(nvmlSystemGetProcessName: v!(nvml_procs::nvmlSystemGetProcessName, 0)),
+        vr!(nvml_procs::nvmlDeviceGetProcessUtilization, 0)),
+    fam!(nvmlSystemGetProcessName: vr!(nvml_procs::nvmlSystemGetProcessName, 0)),
 ];
 
 /// Whether a name can be hooked at all (cheap pre-filter for `dlsym`).

@@ -82,6 +82,23 @@ pub struct PoolState {
     pub inuse: u64,
     /// `cuMemPoolDestroy` was called; the state lives until its last allocation is freed.
     pub destroyed: bool,
+    /// Bumped by every change of the fields above: a reading of the driver taken while the map
+    /// was unlocked is applied only if the pool's model did not change meanwhile.
+    pub epoch: u64,
+}
+
+impl PoolState {
+    /// A pool on region device `dev` (CUDA ordinal `ordinal`) with nothing reserved yet.
+    pub fn new(dev: usize, ordinal: i32) -> PoolState {
+        PoolState {
+            dev,
+            ordinal,
+            reserved: 0,
+            inuse: 0,
+            destroyed: false,
+            epoch: 0,
+        }
+    }
 }
 
 /// A multiplicative hash: keys are pointers and handles, already well spread above the low bits.
@@ -168,9 +185,9 @@ pub type PoolMap = HashMap<usize, PoolState, BuildHasherDefault<KeyHasher>>;
 
 static POOLS: Locked<PoolMap> = Locked::new(HashMap::with_hasher(BuildHasherDefault::new()));
 
-/// Runs `f` on the pool states, one thread at a time (the lock is held across `f`, which may
-/// reserve in the region and call the real `cuMemPoolTrimTo`, so a pool's model and its
-/// accounting change together).
+/// Runs `f` on the pool states, one thread at a time. `f` only reads and writes the map: it
+/// never waits, calls the driver or touches the region (whose lock may be waited for), so a
+/// thread trimming a pool never holds up another thread's free.
 pub fn with_pools<R>(f: impl FnOnce(&mut PoolMap) -> R) -> R {
     POOLS.with(f)
 }
