@@ -83,12 +83,15 @@ pub(crate) fn after_fork() {
 /// NVML's process list for region device `dev`.
 pub fn processes(dev: usize) -> Option<Vec<Proc>> {
     let h = devices::nvml_handle(dev)?;
-    let v2 = real::nvmlDeviceGetComputeRunningProcesses_v3
+    let v2 = nvml_procs::nvmlDeviceGetComputeRunningProcesses_v3::REAL
         .get()
-        .or_else(|| real::nvmlDeviceGetComputeRunningProcesses_v2.get());
+        .or_else(|| nvml_procs::nvmlDeviceGetComputeRunningProcesses_v2::REAL.get());
     match v2 {
         Some(f) => nvml_procs::pids_and_bytes(h, f),
-        None => nvml_procs::pids_and_bytes(h, real::nvmlDeviceGetComputeRunningProcesses.get()?),
+        None => nvml_procs::pids_and_bytes(
+            h,
+            nvml_procs::nvmlDeviceGetComputeRunningProcesses::REAL.get()?,
+        ),
     }
 }
 

@@ -313,7 +313,7 @@ fn container_sm_util(dev: usize) -> Option<f64> {
     let rt = crate::runtime::existing()?;
     let h = devices::nvml_handle(dev)?;
     let last = LAST_SEEN.get(dev)?;
-    if let Some(f) = real::nvmlDeviceGetProcessUtilization.get() {
+    if let Some(f) = super::nvml_procs::nvmlDeviceGetProcessUtilization::REAL.get() {
         let since = match last.load(Ordering::Relaxed) {
             0 => now_us().saturating_sub(1_000_000),
             t => t,

@@ -16,8 +16,9 @@ use std::ffi::{c_char, c_uint};
 
 use hami_shm::slots::{self, Listed};
 
+use super::hook::hook;
 use super::types::*;
-use super::{active, guard, nvml, real};
+use super::{active, nvml};
 
 /// One entry of a process list, whatever its version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,20 +177,17 @@ fn out_entries<E: ProcEntry>(view: &[Entry]) -> Vec<E> {
     view.iter().map(|e| E::from_entry(*e)).collect()
 }
 
-/// A process-list hook: the real query `real` for `device`, rewritten to the container's view.
+/// A process-list hook: the real query `f` for `device`, rewritten to the container's view.
 ///
 /// # Safety
 /// The caller's arguments as NVML documents them.
 unsafe fn list_hook<E: ProcEntry>(
-    real: Option<ListFn<E>>,
+    f: ListFn<E>,
     device: NvmlDevice,
     count: *mut c_uint,
     out: *mut E,
     unlisted: bool,
 ) -> NvmlReturn {
-    let Some(f) = real else {
-        return NvmlReturn::FUNCTION_NOT_FOUND;
-    };
     let (Some(a), Some(dev), false) = (active(), nvml::region_of(device), count.is_null()) else {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(device, count, out) };
@@ -211,17 +209,12 @@ unsafe fn list_hook<E: ProcEntry>(
 macro_rules! list_hooks {
     ($( $name:ident: $entry:ty, unlisted = $unlisted:expr; )*) => {
         $(
-            /// cbindgen:ignore
-            #[no_mangle]
-            pub unsafe extern "C" fn $name(
-                device: NvmlDevice,
-                count: *mut c_uint,
-                infos: *mut $entry,
-            ) -> NvmlReturn {
-                guard(NvmlReturn::UNKNOWN, || {
+            hook! {
+                fn $name(device: NvmlDevice, count: *mut c_uint, infos: *mut $entry) -> NvmlReturn;
+                |real_fn| {
                     // SAFETY: the caller's arguments, passed on.
-                    unsafe { list_hook(real::$name.require(), device, count, infos, $unlisted) }
-                })
+                    unsafe { list_hook(real_fn, device, count, infos, $unlisted) }
+                }
             }
         )*
     };
@@ -254,24 +247,20 @@ fn container_samples(
         .collect()
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
-    device: NvmlDevice,
-    utilization: *mut NvmlProcessUtilSample,
-    count: *mut c_uint,
-    last_seen: u64,
-) -> NvmlReturn {
-    guard(NvmlReturn::UNKNOWN, || {
-        let Some(f) = real::nvmlDeviceGetProcessUtilization.require() else {
-            return NvmlReturn::FUNCTION_NOT_FOUND;
-        };
+hook! {
+    fn nvmlDeviceGetProcessUtilization(
+        device: NvmlDevice,
+        utilization: *mut NvmlProcessUtilSample,
+        count: *mut c_uint,
+        last_seen: u64,
+    ) -> NvmlReturn;
+    |real_fn| {
         let (Some(a), Some(dev), false) = (active(), nvml::region_of(device), count.is_null())
         else {
             // SAFETY: forwarding the caller's arguments unchanged.
-            return unsafe { f(device, utilization, count, last_seen) };
+            return unsafe { real_fn(device, utilization, count, last_seen) };
         };
-        let samples = match nvml::process_samples(device, f, last_seen) {
+        let samples = match nvml::process_samples(device, real_fn, last_seen) {
             Ok(s) => s,
             Err(r) => return r,
         };
@@ -279,20 +268,12 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         // NVML answers NOT_FOUND when no process ran since `last_seen`.
         // SAFETY: `count` is non-null and, with `utilization`, the caller's per NVML's contract.
         unsafe { answer(&ours, count, utilization, NvmlReturn::NOT_FOUND) }
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetProcessName(
-    pid: c_uint,
-    name: *mut c_char,
-    length: c_uint,
-) -> NvmlReturn {
-    guard(NvmlReturn::UNKNOWN, || {
-        let Some(f) = real::nvmlSystemGetProcessName.require() else {
-            return NvmlReturn::FUNCTION_NOT_FOUND;
-        };
+hook! {
+    fn nvmlSystemGetProcessName(pid: c_uint, name: *mut c_char, length: c_uint) -> NvmlReturn;
+    |real_fn| {
         // One of the container's processes (a pid from the lists above): its name is in the
         // container's /proc; NVML would look the pid up among the host's.
         let ours = active()
@@ -311,9 +292,9 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
                 NvmlReturn::SUCCESS
             }
             // SAFETY: the caller's arguments, passed on.
-            _ => unsafe { f(pid, name, length) },
+            _ => unsafe { real_fn(pid, name, length) },
         }
-    })
+    }
 }
 
 /// A process's name as NVML gives it: the first word of its command line, else its `comm`.

@@ -300,15 +300,4 @@ real_fns! { NVML;
     nvmlDeviceGetIndex(NvmlDevice, *mut u32) -> NvmlReturn;
     nvmlDeviceGetMaxMigDeviceCount(NvmlDevice, *mut u32) -> NvmlReturn;
     nvmlDeviceGetMigDeviceHandleByIndex(NvmlDevice, u32, *mut NvmlDevice) -> NvmlReturn;
-    nvmlDeviceGetComputeRunningProcesses(NvmlDevice, *mut u32, *mut NvmlProcessInfoV1) -> NvmlReturn;
-    nvmlDeviceGetComputeRunningProcesses_v2(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;
-    nvmlDeviceGetComputeRunningProcesses_v3(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;
-    nvmlDeviceGetGraphicsRunningProcesses(NvmlDevice, *mut u32, *mut NvmlProcessInfoV1) -> NvmlReturn;
-    nvmlDeviceGetGraphicsRunningProcesses_v2(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;
-    nvmlDeviceGetGraphicsRunningProcesses_v3(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;
-    nvmlDeviceGetMPSComputeRunningProcesses(NvmlDevice, *mut u32, *mut NvmlProcessInfoV1) -> NvmlReturn;
-    nvmlDeviceGetMPSComputeRunningProcesses_v2(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;
-    nvmlDeviceGetMPSComputeRunningProcesses_v3(NvmlDevice, *mut u32, *mut NvmlProcessInfo) -> NvmlReturn;
-    nvmlDeviceGetProcessUtilization(NvmlDevice, *mut NvmlProcessUtilSample, *mut u32, u64) -> NvmlReturn;
-    nvmlSystemGetProcessName(u32, *mut c_char, u32) -> NvmlReturn;
 }

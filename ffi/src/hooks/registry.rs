@@ -155,26 +155,26 @@ pub static FAMILIES: &[Family] = &[
     fam!(nvmlDeviceGetMemoryInfo: v!(nvml::nvmlDeviceGetMemoryInfo, 0)),
     fam!(nvmlDeviceGetMemoryInfo_v2: v!(nvml::nvmlDeviceGetMemoryInfo_v2, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses:
-        vr!(nvml_procs::nvmlDeviceGetComputeRunningProcesses, 0)),
+        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses_v2:
-        vr!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v2, 0)),
+        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v2, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses_v3:
-        vr!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v3, 0)),
+        v!(nvml_procs::nvmlDeviceGetComputeRunningProcesses_v3, 0)),
     fam!(nvmlDeviceGetGraphicsRunningProcesses:
-        vr!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses, 0)),
+        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses, 0)),
     fam!(nvmlDeviceGetGraphicsRunningProcesses_v2:
-        vr!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v2, 0)),
+        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v2, 0)),
     fam!(nvmlDeviceGetGraphicsRunningProcesses_v3:
-        vr!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v3, 0)),
+        v!(nvml_procs::nvmlDeviceGetGraphicsRunningProcesses_v3, 0)),
     fam!(nvmlDeviceGetMPSComputeRunningProcesses:
-        vr!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses, 0)),
+        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses, 0)),
     fam!(nvmlDeviceGetMPSComputeRunningProcesses_v2:
-        vr!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v2, 0)),
+        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v2, 0)),
     fam!(nvmlDeviceGetMPSComputeRunningProcesses_v3:
-        vr!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v3, 0)),
+        v!(nvml_procs::nvmlDeviceGetMPSComputeRunningProcesses_v3, 0)),
     fam!(nvmlDeviceGetProcessUtilization:
-        vr!(nvml_procs::nvmlDeviceGetProcessUtilization, 0)),
-    fam!(nvmlSystemGetProcessName: vr!(nvml_procs::nvmlSystemGetProcessName, 0)),
+        v!(nvml_procs::nvmlDeviceGetProcessUtilization, 0)),
+    fam!(nvmlSystemGetProcessName: v!(nvml_procs::nvmlSystemGetProcessName, 0)),
 ];
 
 /// Whether a name can be hooked at all (cheap pre-filter for `dlsym`).
