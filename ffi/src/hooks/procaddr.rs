@@ -12,8 +12,9 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
+use super::hook::hook;
+use super::registry;
 use super::types::*;
-use super::{guard, real, registry};
 
 /// Replaces `*pfn` by our hook if `symbol` is hooked (see the module docs).
 ///
@@ -40,47 +41,39 @@ unsafe fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, version: c_in
     }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: Cuuint64,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuGetProcAddress.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuGetProcAddress(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: Cuuint64,
+    ) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(symbol, pfn, cuda_version, flags) };
+        let r = unsafe { real_fn(symbol, pfn, cuda_version, flags) };
         if r.ok() {
             // SAFETY: the real call succeeded with these arguments.
             unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         r
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: Cuuint64,
-    symbol_status: *mut c_int,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuGetProcAddress_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuGetProcAddress_v2(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: Cuuint64,
+        symbol_status: *mut c_int,
+    ) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(symbol, pfn, cuda_version, flags, symbol_status) };
+        let r = unsafe { real_fn(symbol, pfn, cuda_version, flags, symbol_status) };
         if r.ok() {
             // SAFETY: the real call succeeded with these arguments.
             unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         r
-    })
+    }
 }

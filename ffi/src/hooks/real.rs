@@ -210,14 +210,10 @@ macro_rules! real_fns {
     };
 }
 
-type CCharP = *const c_char;
-type VoidPP = *mut *mut c_void;
 type SizeP = *mut usize;
 type DptrP = *mut CUdeviceptr;
 
 real_fns! { CUDA;
-    cuGetProcAddress(CCharP, VoidPP, c_int, Cuuint64) -> CUresult;
-    cuGetProcAddress_v2(CCharP, VoidPP, c_int, Cuuint64, *mut c_int) -> CUresult;
     cuDeviceGet(*mut CUdevice, c_int) -> CUresult;
     cuDeviceGetCount(*mut c_int) -> CUresult;
     cuDeviceGetUuid(*mut CUuuid, CUdevice) -> CUresult;

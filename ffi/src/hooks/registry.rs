@@ -86,8 +86,8 @@ macro_rules! fam {
 pub static FAMILIES: &[Family] = &[
     fam!(cuInit: v!(launch::cuInit, 2000)),
     fam!(cuGetProcAddress:
-        vr!(procaddr::cuGetProcAddress, 11030),
-        vr!(procaddr::cuGetProcAddress_v2, 12000)),
+        v!(procaddr::cuGetProcAddress, 11030),
+        v!(procaddr::cuGetProcAddress_v2, 12000)),
     fam!(cuMemAlloc: vr!(memory::cuMemAlloc, 2000), vr!(memory::cuMemAlloc_v2, 3020)),
     fam!(cuMemAllocPitch: vr!(memory::cuMemAllocPitch, 2000), vr!(memory::cuMemAllocPitch_v2, 3020)),
     fam!(cuMemFree: vr!(memory::cuMemFree, 2000), vr!(memory::cuMemFree_v2, 3020)),
