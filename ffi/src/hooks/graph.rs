@@ -26,8 +26,9 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+use super::hook::hook;
 use super::types::*;
-use super::{guard, real, table};
+use super::{real, table};
 
 /// Deepest nesting of child and body graphs walked (the root is depth 0).
 pub(crate) const MAX_DEPTH: usize = 16;
@@ -223,24 +224,16 @@ macro_rules! exec_of {
 /// counts `graph` for the executable graph that `first` gives ([`exec_of`]).
 macro_rules! counting {
     ($kind:ident $name:ident($first:ident: $first_ty:ty, $($arg:ident: $ty:ty),*)) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            $first: $first_ty,
-            graph: CUgraph,
-            $($arg: $ty),*
-        ) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(real_fn) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name($first: $first_ty, graph: CUgraph, $($arg: $ty),*) -> CUresult;
+            |real_fn| {
                 // SAFETY: forwarding the caller's arguments unchanged.
                 let r = unsafe { real_fn($first, graph, $($arg),*) };
                 if r.ok() {
                     count(exec_of!($kind $first), graph);
                 }
                 r
-            })
+            }
         }
     };
 }
@@ -256,19 +249,15 @@ counting!(out cuGraphInstantiateWithParams_ptsz(out: ExecOut, params: *mut c_voi
 counting!(exec cuGraphExecUpdate(exec: CUgraphExec, error_node: NodeOut, result: *mut c_int));
 counting!(exec cuGraphExecUpdate_v2(exec: CUgraphExec, result_info: *mut c_void));
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(real_fn) = real::cuGraphExecDestroy.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult;
+    |real_fn| {
         // Before the real call: once it returns, the driver may hand the same handle to another
         // thread's instantiation, whose count must not be forgotten.
         table::forget_graph(exec as usize);
         // SAFETY: forwarding the caller's argument unchanged.
         unsafe { real_fn(exec) }
-    })
+    }
 }
 
 #[cfg(test)]

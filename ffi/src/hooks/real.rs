@@ -272,14 +272,6 @@ real_fns! { CUDA;
     cuDeviceTotalMem_v2(SizeP, CUdevice) -> CUresult;
 
 
-    cuGraphInstantiate(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize) -> CUresult;
-    cuGraphInstantiate_v2(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize) -> CUresult;
-    cuGraphInstantiateWithFlags(*mut CUgraphExec, CUgraph, u64) -> CUresult;
-    cuGraphInstantiateWithParams(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult;
-    cuGraphInstantiateWithParams_ptsz(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult;
-    cuGraphExecUpdate(CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_int) -> CUresult;
-    cuGraphExecUpdate_v2(CUgraphExec, CUgraph, *mut c_void) -> CUresult;
-    cuGraphExecDestroy(CUgraphExec) -> CUresult;
     cuGraphGetNodes(CUgraph, *mut CUgraphNode, SizeP) -> CUresult;
     cuGraphNodeGetType(CUgraphNode, *mut c_int) -> CUresult;
     cuGraphKernelNodeGetParams(CUgraphNode, *mut CudaKernelNodeParams) -> CUresult;

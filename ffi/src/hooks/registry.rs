@@ -142,16 +142,16 @@ pub static FAMILIES: &[Family] = &[
     // `cuGraphInstantiateWithFlags` (cudaTypedefs.h: PFN_cuGraphInstantiate is
     // PFN_cuGraphInstantiateWithFlags_v11040), which the driver returns for it.
     fam!(cuGraphInstantiate:
-        vr!(graph::cuGraphInstantiate, 10000),
-        vr!(graph::cuGraphInstantiate_v2, 11000),
-        vr!(graph::cuGraphInstantiateWithFlags, 12000)),
+        v!(graph::cuGraphInstantiate, 10000),
+        v!(graph::cuGraphInstantiate_v2, 11000),
+        v!(graph::cuGraphInstantiateWithFlags, 12000)),
     fam!(cuGraphInstantiateWithParams:
-        vr!(graph::cuGraphInstantiateWithParams, 12000),
-        vr!(graph::cuGraphInstantiateWithParams_ptsz, 12000, true)),
+        v!(graph::cuGraphInstantiateWithParams, 12000),
+        v!(graph::cuGraphInstantiateWithParams_ptsz, 12000, true)),
     fam!(cuGraphExecUpdate:
-        vr!(graph::cuGraphExecUpdate, 10020),
-        vr!(graph::cuGraphExecUpdate_v2, 12000)),
-    fam!(cuGraphExecDestroy: vr!(graph::cuGraphExecDestroy, 10000)),
+        v!(graph::cuGraphExecUpdate, 10020),
+        v!(graph::cuGraphExecUpdate_v2, 12000)),
+    fam!(cuGraphExecDestroy: v!(graph::cuGraphExecDestroy, 10000)),
     fam!(nvmlDeviceGetMemoryInfo: v!(nvml::nvmlDeviceGetMemoryInfo, 0)),
     fam!(nvmlDeviceGetMemoryInfo_v2: v!(nvml::nvmlDeviceGetMemoryInfo_v2, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses:
