@@ -37,10 +37,11 @@ use crate::platform::{monotonic_ns, ms_between};
 use crate::runtime::Runtime;
 
 use super::devices;
+use super::hook::hook;
 use super::host_pid::{self, processes, usage_of, NewContext, Proc};
 use super::table::{self, Key, Record};
 use super::types::*;
-use super::{active, guard, real, refused};
+use super::{active, refused};
 
 /// How long a process waits for another one to measure the first context of a device (it takes
 /// a few hundred milliseconds; a prober stopped by a signal or a debugger must not hang the
@@ -213,9 +214,9 @@ fn release_owned(rt: &Runtime, ctx: usize) {
 }
 
 fn destroy_ctx(ctx: CUcontext) {
-    if let Some(f) = real::cuCtxDestroy_v2
+    if let Some(f) = cuCtxDestroy_v2::REAL
         .get()
-        .or_else(|| real::cuCtxDestroy.get())
+        .or_else(|| cuCtxDestroy::REAL.get())
     {
         // SAFETY: destroying the context the driver just created for us.
         let _ = unsafe { f(ctx) };
@@ -266,63 +267,47 @@ fn ctx_create(
 
 macro_rules! ctx_create_v1v2 {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            pctx: *mut CUcontext,
-            flags: c_uint,
-            dev: CUdevice,
-        ) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(f) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
+            |real_fn| {
                 // SAFETY: forwarding the caller's arguments unchanged.
-                ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
-            })
+                ctx_create("cuCtxCreate", pctx, dev, || unsafe { real_fn(pctx, flags, dev) })
+            }
         }
     };
 }
 ctx_create_v1v2!(cuCtxCreate_v2);
 ctx_create_v1v2!(cuCtxCreate);
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v3(
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    num_params: c_int,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuCtxCreate_v3.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuCtxCreate_v3(
+        pctx: *mut CUcontext,
+        params: *mut c_void,
+        num_params: c_int,
+        flags: c_uint,
+        dev: CUdevice,
+    ) -> CUresult;
+    |real_fn| {
         ctx_create("cuCtxCreate_v3", pctx, dev, || {
             // SAFETY: forwarding the caller's arguments unchanged.
-            unsafe { f(pctx, params, num_params, flags, dev) }
+            unsafe { real_fn(pctx, params, num_params, flags, dev) }
         })
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v4(
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuCtxCreate_v4.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuCtxCreate_v4(
+        pctx: *mut CUcontext,
+        params: *mut c_void,
+        flags: c_uint,
+        dev: CUdevice,
+    ) -> CUresult;
+    |real_fn| {
         ctx_create("cuCtxCreate_v4", pctx, dev, || {
             // SAFETY: forwarding the caller's arguments unchanged.
-            unsafe { f(pctx, params, flags, dev) }
+            unsafe { real_fn(pctx, params, flags, dev) }
         })
-    })
+    }
 }
 
 /// After a successful destruction of `ctx`: releases its cost and its allocations.
@@ -339,35 +324,27 @@ fn ctx_destroyed(ctx: CUcontext) {
 
 macro_rules! ctx_destroy {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(ctx: CUcontext) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(f) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(ctx: CUcontext) -> CUresult;
+            |real_fn| {
                 // SAFETY: forwarding the caller's argument unchanged.
-                let r = unsafe { f(ctx) };
+                let r = unsafe { real_fn(ctx) };
                 if r.ok() {
                     ctx_destroyed(ctx);
                 }
                 r
-            })
+            }
         }
     };
 }
 ctx_destroy!(cuCtxDestroy_v2);
 ctx_destroy!(cuCtxDestroy);
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuDevicePrimaryCtxRetain.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let call = || unsafe { f(pctx, dev) };
+        let call = || unsafe { real_fn(pctx, dev) };
         let Some(a) = active() else {
             return call();
         };
@@ -405,9 +382,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             call,
             made,
             || {
-                if let Some(rel) = real::cuDevicePrimaryCtxRelease_v2
+                if let Some(rel) = cuDevicePrimaryCtxRelease_v2::REAL
                     .get()
-                    .or_else(|| real::cuDevicePrimaryCtxRelease.get())
+                    .or_else(|| cuDevicePrimaryCtxRelease::REAL.get())
                 {
                     // SAFETY: dropping the retain the driver just granted.
                     let _ = unsafe { rel(dev) };
@@ -442,7 +419,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             }
         }
         r
-    })
+    }
 }
 
 /// After a successful primary-context release of CUDA device `dev`.
@@ -465,20 +442,16 @@ fn primary_released(dev: CUdevice) {
 
 macro_rules! primary_release {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(f) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(dev: CUdevice) -> CUresult;
+            |real_fn| {
                 // SAFETY: forwarding the caller's argument unchanged.
-                let r = unsafe { f(dev) };
+                let r = unsafe { real_fn(dev) };
                 if r.ok() {
                     primary_released(dev);
                 }
                 r
-            })
+            }
         }
     };
 }
@@ -487,22 +460,18 @@ primary_release!(cuDevicePrimaryCtxRelease_v2);
 
 macro_rules! primary_reset {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(f) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(dev: CUdevice) -> CUresult;
+            |real_fn| {
                 // SAFETY: forwarding the caller's argument unchanged.
-                let r = unsafe { f(dev) };
+                let r = unsafe { real_fn(dev) };
                 if r.ok() {
                     if let (Some(a), Some(rec)) = (active(), table::get(Key::Primary(dev))) {
                         release_owned(a.rt, rec.ctx);
                     }
                 }
                 r
-            })
+            }
         }
     };
 }

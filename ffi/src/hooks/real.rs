@@ -254,18 +254,6 @@ real_fns! { CUDA;
     cuMipmappedArrayCreate(*mut CUmipmappedArray, *const CudaArray3dDescriptor, u32) -> CUresult;
     cuMipmappedArrayDestroy(CUmipmappedArray) -> CUresult;
 
-    cuCtxCreate(*mut CUcontext, u32, CUdevice) -> CUresult;
-    cuCtxCreate_v2(*mut CUcontext, u32, CUdevice) -> CUresult;
-    cuCtxCreate_v3(*mut CUcontext, *mut c_void, c_int, u32, CUdevice) -> CUresult;
-    cuCtxCreate_v4(*mut CUcontext, *mut c_void, u32, CUdevice) -> CUresult;
-    cuCtxDestroy(CUcontext) -> CUresult;
-    cuCtxDestroy_v2(CUcontext) -> CUresult;
-    cuDevicePrimaryCtxRetain(*mut CUcontext, CUdevice) -> CUresult;
-    cuDevicePrimaryCtxRelease(CUdevice) -> CUresult;
-    cuDevicePrimaryCtxRelease_v2(CUdevice) -> CUresult;
-    cuDevicePrimaryCtxReset(CUdevice) -> CUresult;
-    cuDevicePrimaryCtxReset_v2(CUdevice) -> CUresult;
-
     cuMemGetInfo(*mut u32, *mut u32) -> CUresult;
     cuMemGetInfo_v2(SizeP, SizeP) -> CUresult;
     cuDeviceTotalMem(*mut u32, CUdevice) -> CUresult;

@@ -114,18 +114,18 @@ pub static FAMILIES: &[Family] = &[
     fam!(cuMemGetInfo: vr!(memory::cuMemGetInfo, 2000), vr!(memory::cuMemGetInfo_v2, 3020)),
     fam!(cuDeviceTotalMem: vr!(memory::cuDeviceTotalMem, 2000), vr!(memory::cuDeviceTotalMem_v2, 3020)),
     fam!(cuCtxCreate:
-        vr!(context::cuCtxCreate, 2000),
-        vr!(context::cuCtxCreate_v2, 3020),
-        vr!(context::cuCtxCreate_v3, 11040),
-        vr!(context::cuCtxCreate_v4, 12050)),
-    fam!(cuCtxDestroy: vr!(context::cuCtxDestroy, 2000), vr!(context::cuCtxDestroy_v2, 4000)),
-    fam!(cuDevicePrimaryCtxRetain: vr!(context::cuDevicePrimaryCtxRetain, 7000)),
+        v!(context::cuCtxCreate, 2000),
+        v!(context::cuCtxCreate_v2, 3020),
+        v!(context::cuCtxCreate_v3, 11040),
+        v!(context::cuCtxCreate_v4, 12050)),
+    fam!(cuCtxDestroy: v!(context::cuCtxDestroy, 2000), v!(context::cuCtxDestroy_v2, 4000)),
+    fam!(cuDevicePrimaryCtxRetain: v!(context::cuDevicePrimaryCtxRetain, 7000)),
     fam!(cuDevicePrimaryCtxRelease:
-        vr!(context::cuDevicePrimaryCtxRelease, 7000),
-        vr!(context::cuDevicePrimaryCtxRelease_v2, 11000)),
+        v!(context::cuDevicePrimaryCtxRelease, 7000),
+        v!(context::cuDevicePrimaryCtxRelease_v2, 11000)),
     fam!(cuDevicePrimaryCtxReset:
-        vr!(context::cuDevicePrimaryCtxReset, 7000),
-        vr!(context::cuDevicePrimaryCtxReset_v2, 11000)),
+        v!(context::cuDevicePrimaryCtxReset, 7000),
+        v!(context::cuDevicePrimaryCtxReset_v2, 11000)),
     fam!(cuLaunchKernel:
         v!(launch::cuLaunchKernel, 4000),
         v!(launch::cuLaunchKernel_ptsz, 7000, true)),
