@@ -459,6 +459,30 @@ impl Controller {
         self.full_rate = Some(launched / (1.0 - others.min(FAIR_SHARE)));
     }
 
+    /// Whether a paused re-measurement starts now: it is due and `worth` it (others hold the
+    /// device, which has samples), the program is held back, and the device reads steadily, or
+    /// has been waited for [`Controller::defer_limit`] steps. Every container that waited sees the
+    /// device settle at the same moment, so then each waits a random few steps more.
+    fn pause_due(&mut self, worth: bool, starved: bool) -> bool {
+        if !(self.pause_next && worth && self.next_check == 0) {
+            self.deferred_steps = 0;
+            return false;
+        }
+        let steady = self.device_steady();
+        if steady && self.deferred_steps > 0 {
+            self.deferred_steps = 0;
+            self.next_check = self.random_steps(1, RETRY_MAX);
+            return false;
+        }
+        self.deferred_steps = if steady { 0 } else { self.deferred_steps + 1 };
+        if !(starved && (steady || self.deferred_steps > self.defer_limit)) {
+            return false;
+        }
+        self.deferred_steps = 0;
+        self.defer_limit = self.random_steps(DEFER_MIN_STEPS, DEFER_MAX_STEPS);
+        true
+    }
+
     /// Whether the device read steadily over the last [`RECENT`] metered steps: no other
     /// container is pausing or measuring just now (a pause would collide with theirs).
     fn device_steady(&self) -> bool {
@@ -623,22 +647,8 @@ impl Controller {
                 self.rate = self.rate.min(self.cap()).max(1.0);
                 self.watch_device(steps, &s);
                 self.next_check = self.next_check.saturating_sub(1);
-                let paused_due = self.pause_next && self.next_check == 0;
                 let worth = s.others_present && s.device_util.is_some();
-                let steady = self.device_steady();
-                if paused_due && worth && steady && self.deferred_steps > 0 {
-                    // Steady again after waiting: every container that waited sees the same
-                    // moment, so each waits a random few steps more.
-                    self.deferred_steps = 0;
-                    self.next_check = self.random_steps(1, RETRY_MAX);
-                }
-                let paused_due = self.pause_next && self.next_check == 0;
-                let deferred = paused_due && worth && !steady;
-                self.deferred_steps = if deferred { self.deferred_steps + 1 } else { 0 };
-                let go = steady || self.deferred_steps > self.defer_limit;
-                if s.starved && paused_due && worth && go {
-                    self.deferred_steps = 0;
-                    self.defer_limit = self.random_steps(DEFER_MIN_STEPS, DEFER_MAX_STEPS);
+                if self.pause_due(worth, s.starved) {
                     self.phase = Phase::PausedBefore {
                         steps: 0,
                         readings: Readings::NONE,
