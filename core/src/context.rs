@@ -31,9 +31,22 @@ use crate::sync::{AtomicU64, Ordering};
 pub struct ContextCell<'a> {
     /// Bytes one context takes on this device, as measured; 0 until the first is measured.
     /// Published with `fetch_max`, never lowered.
-    pub cost: &'a AtomicU64,
+    cost: &'a AtomicU64,
     /// The probe lease: 0, or the [`ProcId`] of the process measuring the first context.
-    pub probe: &'a AtomicU64,
+    probe: &'a AtomicU64,
+}
+
+impl<'a> ContextCell<'a> {
+    /// The cell over a cost word and a lease word ([`crate::layout::Ext::context_cell`] gives
+    /// the region's; the models make their own).
+    pub fn new(cost: &'a AtomicU64, probe: &'a AtomicU64) -> Self {
+        ContextCell { cost, probe }
+    }
+
+    /// The published cost of one context (acquire); 0 while none is measured.
+    pub fn published_cost(&self) -> u64 {
+        self.cost.load(Ordering::Acquire)
+    }
 }
 
 /// What a process about to create a context does next.
@@ -56,7 +69,7 @@ pub enum Plan {
 /// cost seen published was published before the lease load, so a free lease then means its
 /// prober has already shrunk and given it back.
 pub fn plan<P: Platform>(cell: ContextCell<'_>, platform: &P) -> Plan {
-    let cost = cell.cost.load(Ordering::Acquire);
+    let cost = cell.published_cost();
     let holder = cell.probe.load(Ordering::Acquire);
     if holder != 0 && platform.liveness(ProcId(holder)) != Liveness::Dead {
         return Plan::Wait;

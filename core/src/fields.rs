@@ -9,6 +9,7 @@
 
 use core::num::NonZeroU64;
 
+use crate::context::ContextCell;
 use crate::layout::{DeviceUuid, Ext, ProcSlot, RawSem, Region, SmBucket, EXT_MAGIC, UUID_LEN};
 use crate::platform::ProcId;
 use crate::sync::Ordering;
@@ -16,6 +17,30 @@ use crate::sync::Ordering;
 // ---- Per-device view of the region ------------------------------------------------------------
 
 impl<const SLOTS: usize, const DEVS: usize> Region<SLOTS, DEVS> {
+    /// Slot `i` of the process table, for the operations on [`ProcSlot`]; `None` past the table.
+    pub fn slot(&self, i: usize) -> Option<&ProcSlot<DEVS>> {
+        self.procs.get(i)
+    }
+
+    /// Frees every slot of the table ([`ProcSlot::reset`] each): `shrreg-tool --reset`, under
+    /// the init lock.
+    pub fn clear_slots(&self) {
+        for slot in &self.procs {
+            slot.reset();
+        }
+    }
+
+    /// The region's init-and-accounting semaphore, for the [`crate::platform::Platform`]'s
+    /// semaphore operations.
+    pub fn sem(&self) -> &RawSem {
+        &self.sem
+    }
+
+    /// The semaphore HAMi-core's post-init steps (host-pid discovery) take.
+    pub fn sem_postinit(&self) -> &RawSem {
+        &self.sem_postinit
+    }
+
     /// The memory limit of device `dev` (relaxed); `None`: unlimited, or no such device.
     pub fn limit(&self, dev: usize) -> Option<NonZeroU64> {
         NonZeroU64::new(self.limit.get(dev)?.load(Ordering::Relaxed))
@@ -291,6 +316,20 @@ impl<const DEVS: usize> ProcSlot<DEVS> {
 // ---- The extension tail ------------------------------------------------------------------------
 
 impl Ext {
+    /// The SM token bucket of device `dev`; `None` for a device the tail does not have.
+    pub fn bucket(&self, dev: usize) -> Option<&SmBucket> {
+        self.buckets.get(dev)
+    }
+
+    /// The shared context state of device `dev` (cost and probe lease); `None` for a device
+    /// the tail does not have.
+    pub fn context_cell(&self, dev: usize) -> Option<ContextCell<'_>> {
+        Some(ContextCell::new(
+            self.context_cost.get(dev)?,
+            self.context_probe.get(dev)?,
+        ))
+    }
+
     /// Whether one of our processes has marked the tail (acquire, pairs with [`Ext::mark`]).
     pub fn marked(&self) -> bool {
         self.magic.load(Ordering::Acquire) == EXT_MAGIC

@@ -43,7 +43,7 @@ pub const STATUS_SUSPENDED: i32 = 2;
 #[repr(C, align(8))]
 pub struct RawSem {
     /// The raw words; glibc keeps value and waiter count in `words[0]` and `private` in `words[1]`.
-    pub words: [DataAtomicU64; 4],
+    pub(crate) words: [DataAtomicU64; 4],
 }
 
 impl RawSem {
@@ -65,17 +65,17 @@ impl RawSem {
 #[repr(C)]
 pub struct SmBucket {
     /// Tokens available (an `i64` stored as bits: negative is debt).
-    pub tokens: AtomicU64,
+    pub(crate) tokens: AtomicU64,
     /// Refill rate in tokens per second, set by the controller.
-    pub rate: AtomicU64,
+    pub(crate) rate: AtomicU64,
     /// Monotonic nanoseconds of the last refill.
-    pub refilled_ns: AtomicU64,
+    pub(crate) refilled_ns: AtomicU64,
     /// Controller lease: holder pid in the high 32 bits, expiry in monotonic milliseconds
     /// (wrapping) in the low 32.
-    pub lease: AtomicU64,
+    pub(crate) lease: AtomicU64,
     /// Tokens ever taken by launches (wrapping): the controller's exact count of the work
     /// launched in a period, whatever the burst cap did to `tokens`.
-    pub spent: AtomicU64,
+    pub(crate) spent: AtomicU64,
 }
 
 /// One device's UUID entry (96 bytes, as upstream's `char uuid[96]`): the string and zeros after
@@ -83,7 +83,7 @@ pub struct SmBucket {
 #[repr(C)]
 pub struct DeviceUuid {
     /// NUL-terminated UUID string, zero-padded.
-    pub text: [DataAtomicU8; UUID_LEN],
+    pub(crate) text: [DataAtomicU8; UUID_LEN],
 }
 
 impl DeviceUuid {
@@ -125,21 +125,21 @@ pub const EXT_RESERVED_WORDS: usize = 398;
 #[repr(C)]
 pub struct Ext {
     /// [`EXT_MAGIC`] once one of our processes has mapped the tail (informative: zero is valid).
-    pub magic: AtomicU64,
+    pub(crate) magic: AtomicU64,
     /// [`EXT_VERSION`].
-    pub version: AtomicU32,
+    pub(crate) version: AtomicU32,
     /// Devices described ([`ABI_DEVS`]).
-    pub devs: AtomicU32,
+    pub(crate) devs: AtomicU32,
     /// SM token bucket per region device.
-    pub buckets: [SmBucket; ABI_DEVS],
+    pub(crate) buckets: [SmBucket; ABI_DEVS],
     /// Bytes one context takes on each region device, as measured by the first process that
     /// created one there; 0 until measured ([`crate::context`]).
-    pub context_cost: [AtomicU64; ABI_DEVS],
+    pub(crate) context_cost: [AtomicU64; ABI_DEVS],
     /// The context probe lease per region device: 0, or the [`crate::platform::ProcId`] of the
     /// process measuring the first context there ([`crate::context`]).
-    pub context_probe: [AtomicU64; ABI_DEVS],
+    pub(crate) context_probe: [AtomicU64; ABI_DEVS],
     /// Zero; later extensions take words from here, and bump [`EXT_VERSION`].
-    pub reserved: [AtomicU64; EXT_RESERVED_WORDS],
+    pub(crate) reserved: [AtomicU64; EXT_RESERVED_WORDS],
 }
 
 impl Ext {
@@ -181,93 +181,93 @@ impl SmBucket {
 #[repr(C)]
 pub struct DeviceMemory {
     /// Bytes of context memory (type 0).
-    pub context_size: AtomicU64,
+    pub(crate) context_size: AtomicU64,
     /// Bytes of module memory (type 1).
-    pub module_size: AtomicU64,
+    pub(crate) module_size: AtomicU64,
     /// Bytes of data allocations (type 2).
-    pub data_size: AtomicU64,
+    pub(crate) data_size: AtomicU64,
     /// Upstream's `offset`; kept for layout, never written by us.
-    pub offset: AtomicU64,
+    pub(crate) offset: AtomicU64,
     /// Sum of the three kinds: what admission and every reader count.
-    pub total: AtomicU64,
+    pub(crate) total: AtomicU64,
     /// Padding.
-    pub unused: [DataAtomicU64; 3],
+    pub(crate) unused: [DataAtomicU64; 3],
 }
 
 /// Per-device utilisation of one process (`device_util_t`, 48 bytes).
 #[repr(C)]
 pub struct DeviceUtil {
     /// Decoder utilisation (never written upstream).
-    pub dec_util: DataAtomicU64,
+    pub(crate) dec_util: DataAtomicU64,
     /// Encoder utilisation (never written upstream).
-    pub enc_util: DataAtomicU64,
+    pub(crate) enc_util: DataAtomicU64,
     /// SM utilisation in percent, from NVML.
-    pub sm_util: DataAtomicU64,
+    pub(crate) sm_util: DataAtomicU64,
     /// Padding.
-    pub unused: [DataAtomicU64; 3],
+    pub(crate) unused: [DataAtomicU64; 3],
 }
 
 /// One process's slot (`shrreg_proc_slot_t`, 1960 bytes for 16 devices).
 #[repr(C)]
 pub struct ProcSlot<const DEVS: usize> {
     /// Container-namespace pid of the owner; 0 for a free slot.
-    pub pid: AtomicI32,
+    pub(crate) pid: AtomicI32,
     /// Host pid (as NVML reports it); 0 while unknown.
-    pub hostpid: AtomicI32,
+    pub(crate) hostpid: AtomicI32,
     /// Memory usage per device (region device index).
-    pub used: [DeviceMemory; DEVS],
+    pub(crate) used: [DeviceMemory; DEVS],
     /// NVML-reported usage per device, written by the watcher.
-    pub monitorused: [DataAtomicU64; DEVS],
+    pub(crate) monitorused: [DataAtomicU64; DEVS],
     /// Utilisation per device.
-    pub device_util: [DeviceUtil; DEVS],
+    pub(crate) device_util: [DeviceUtil; DEVS],
     /// [`STATUS_EXITED`], [`STATUS_RUNNING`] or [`STATUS_SUSPENDED`].
-    pub status: AtomicI32,
+    pub(crate) status: AtomicI32,
     /// C struct padding.
-    pub padding: AtomicI32,
+    pub(crate) padding: AtomicI32,
     /// Per-slot sequence lock: odd while the owner writes `used`.
-    pub seqlock: AtomicU64,
+    pub(crate) seqlock: AtomicU64,
     /// `unused[0]`: the owner's pid (high 32 bits) and start tag (low 32), our extension;
     /// `unused[1]`: free.
-    pub unused: [AtomicU64; 2],
+    pub(crate) unused: [AtomicU64; 2],
 }
 
 /// The whole shared region (`shared_region_t`, 2,008,952 bytes for 1024 slots and 16 devices).
 #[repr(C)]
 pub struct Region<const SLOTS: usize, const DEVS: usize> {
     /// [`MAGIC`] once initialised.
-    pub initialized_flag: AtomicI32,
+    pub(crate) initialized_flag: AtomicI32,
     /// [`MAJOR_VERSION`] of the initialiser.
-    pub major_version: AtomicU32,
+    pub(crate) major_version: AtomicU32,
     /// [`MINOR_VERSION`] of the initialiser.
-    pub minor_version: AtomicU32,
+    pub(crate) minor_version: AtomicU32,
     /// Upstream's SM-limit-scale flag (used by no caller).
-    pub sm_init_flag: AtomicI32,
+    pub(crate) sm_init_flag: AtomicI32,
     /// Holder of `sem`: pid in the low 32 bits, start tag above (0 for C peers).
-    pub owner_pid: AtomicU64,
+    pub(crate) owner_pid: AtomicU64,
     /// Process-shared semaphore guarding slot-table changes.
-    pub sem: RawSem,
+    pub(crate) sem: RawSem,
     /// Number of devices whose UUIDs are recorded.
-    pub device_num: AtomicU64,
+    pub(crate) device_num: AtomicU64,
     /// Device UUID strings, NUL-terminated and zero-padded.
-    pub uuids: [DeviceUuid; DEVS],
+    pub(crate) uuids: [DeviceUuid; DEVS],
     /// Memory limit per device in bytes; 0 means unlimited.
-    pub limit: [AtomicU64; DEVS],
+    pub(crate) limit: [AtomicU64; DEVS],
     /// SM limit per device in percent.
-    pub sm_limit: [AtomicU64; DEVS],
+    pub(crate) sm_limit: [AtomicU64; DEVS],
     /// The process slots; `[0, proc_num)` are in use or holes.
-    pub procs: [ProcSlot<DEVS>; SLOTS],
+    pub(crate) procs: [ProcSlot<DEVS>; SLOTS],
     /// High-water mark of the slot table.
-    pub proc_num: AtomicI32,
+    pub(crate) proc_num: AtomicI32,
     /// Whether the SM limiter is active (toggled by HAMi's monitor).
-    pub utilization_switch: AtomicI32,
+    pub(crate) utilization_switch: AtomicI32,
     /// Priority gate: the monitor sets -1 to block lower-priority tasks.
-    pub recent_kernel: AtomicI32,
+    pub(crate) recent_kernel: AtomicI32,
     /// `CUDA_TASK_PRIORITY` of the initialiser.
-    pub priority: AtomicI32,
+    pub(crate) priority: AtomicI32,
     /// Epoch seconds of the last kernel launch.
-    pub last_kernel_time: AtomicU64,
+    pub(crate) last_kernel_time: AtomicU64,
     /// Semaphore upstream uses to serialise host-pid discovery.
-    pub sem_postinit: RawSem,
+    pub(crate) sem_postinit: RawSem,
 }
 
 /// The ABI instance: exactly HAMi-core v1.2's `shared_region_t`.

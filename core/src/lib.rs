@@ -16,6 +16,7 @@
 //! - [`bucket`]: the region-wide SM token bucket and its controller.
 //! - [`context`]: admitting a CUDA context at its real cost, learnt once per device.
 //! - [`fields`]: the named operations on single fields, the inspector's header.
+//! - [`host_pid`]: claiming a host pid in a slot, never by two live slots.
 //! - [`envparse`]: HAMi-core's size syntax (`1g`, `1024m`, `0x...`), strictly.
 #![no_std]
 #![forbid(unsafe_code)]
@@ -26,10 +27,13 @@ pub mod bucket;
 pub mod context;
 pub mod envparse;
 pub mod fields;
+pub mod host_pid;
 pub mod init;
 pub mod layout;
 pub mod lock;
 pub mod platform;
+#[cfg(feature = "raw-fields")]
+pub mod raw;
 pub mod seqlock;
 pub mod slots;
 pub mod sm_controller;

@@ -173,7 +173,7 @@ fn own_index(rt: &'static Runtime) -> Option<usize> {
 }
 
 fn own_slot(rt: &'static Runtime) -> Option<&'static SharedProcSlot> {
-    own_index(rt).and_then(|i| rt.region.procs.get(i))
+    own_index(rt).and_then(|i| rt.region.slot(i))
 }
 
 /// The slot of container pid `pid`: ours (claimed if need be) or the first in use with that pid.
@@ -401,7 +401,7 @@ pub extern "C" fn lock_postinit() -> c_int {
         let Some(rt) = rt() else {
             return 0;
         };
-        let sem = &rt.region.sem_postinit;
+        let sem = rt.region.sem_postinit();
         let start = monotonic_ns();
         let bound = ms_to_ns(HAMI_POSTINIT_TIMEOUT_MS);
         loop {
@@ -445,7 +445,7 @@ pub extern "C" fn unlock_postinit() {
             .compare_exchange(me, 0, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
         match rt() {
-            Some(rt) if ours => rt.platform.sem_post(&rt.region.sem_postinit),
+            Some(rt) if ours => rt.platform.sem_post(rt.region.sem_postinit()),
             _ => {
                 if !ours && POSTINIT_NOT_HELD.first() {
                     log_warn!("unlock_postinit: this process does not hold sem_postinit; nothing released");

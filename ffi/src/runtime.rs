@@ -356,7 +356,7 @@ impl Runtime {
     /// if no slot can be had now.
     pub fn own_slot(&self) -> Option<usize> {
         let cached = self.slot.load(Ordering::Relaxed);
-        if let Some(s) = self.region.procs.get(cached) {
+        if let Some(s) = self.region.slot(cached) {
             if s.pid() == self.platform.self_id().pid() {
                 return Some(cached);
             }

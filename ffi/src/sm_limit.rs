@@ -98,7 +98,9 @@ pub fn before_launch(dev: usize, blocks: u64) {
     if !switch_on(rt) {
         return;
     }
-    bucket::consume(&rt.ext.buckets[dev], &rt.platform, blocks.max(1));
+    if let Some(b) = rt.ext.bucket(dev) {
+        bucket::consume(b, &rt.platform, blocks.max(1));
+    }
 }
 
 fn switch_on(rt: &Runtime) -> bool {
@@ -151,7 +153,9 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         let me = rt.platform.self_id().pid() as u32;
         let used = mask & USED.load(Ordering::Relaxed);
         for dev in (0..ABI_DEVS).filter(|d| used & (1 << d) != 0) {
-            let b = &rt.ext.buckets[dev];
+            let Some(b) = rt.ext.bucket(dev) else {
+                continue;
+            };
             let spent = b.spent();
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;

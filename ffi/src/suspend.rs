@@ -28,7 +28,7 @@ pub fn wait_while_suspended(rt: &Runtime) {
 
 fn suspended(rt: &Runtime) -> bool {
     rt.own_slot()
-        .and_then(|s| rt.region.procs.get(s))
+        .and_then(|s| rt.region.slot(s))
         .is_some_and(|p| p.status() == STATUS_SUSPENDED)
 }
 

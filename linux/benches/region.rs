@@ -211,11 +211,13 @@ fn reserve_release(region: &SharedRegion, platform: &LinuxPlatform, slot: usize)
 /// Makes slots `0..n` live (our pid, some usage), as `n` processes of a full container would.
 fn fill_slots(region: &SharedRegion, n: usize) {
     let pid = std::process::id() as i32;
-    for s in &region.procs[..n] {
-        s.pid.store(pid, Ordering::Relaxed);
-        s.used[DEV].total.store(1 << 20, Ordering::Relaxed);
+    for s in &region.raw_procs()[..n] {
+        s.raw_pid().store(pid, Ordering::Relaxed);
+        s.raw_used()[DEV]
+            .raw_total()
+            .store(1 << 20, Ordering::Relaxed);
     }
-    region.proc_num.store(n as i32, Ordering::Release);
+    region.raw_proc_num().store(n as i32, Ordering::Release);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,7 +353,7 @@ fn main() {
     let (one, p1) = open_region(&dir.file("one.region"));
     let r1 = one.region();
     let slot = claim(r1, &p1);
-    let plain_counter = &r1.procs[slot].used[DEV].data_size;
+    let plain_counter = &r1.raw_procs()[slot].raw_used()[DEV].raw_data_size();
     let plain_rmw = time_op(n(1_000_000), 31, || {
         plain_counter.fetch_add(black_box(BYTES), Ordering::SeqCst);
         plain_counter.fetch_sub(black_box(BYTES), Ordering::SeqCst);
@@ -369,7 +371,7 @@ fn main() {
         Some(&plain_rmw),
         Some(100.0),
     );
-    r1.limit[DEV].store(0, Ordering::Relaxed);
+    r1.raw_limit()[DEV].store(0, Ordering::Relaxed);
     let s = time_op(n(1_000_000), 31, || reserve_release(r1, &p1, slot));
     t.add(
         "reserve + release, own slot, no limit (no aggregate read)",
@@ -377,11 +379,11 @@ fn main() {
         Some(&plain_rmw),
         None,
     );
-    r1.limit[DEV].store(LIMIT, Ordering::Relaxed);
+    r1.raw_limit()[DEV].store(LIMIT, Ordering::Relaxed);
 
     // -- init on an initialised region ---------------------------------------------------------
     let plain_load = time_op(n(2_000_000), 31, || {
-        black_box(r1.initialized_flag.load(Ordering::Acquire));
+        black_box(r1.raw_initialized_flag().load(Ordering::Acquire));
     });
     t.add("plain: one acquire load", plain_load, None, None);
     let prm = params();
@@ -418,8 +420,8 @@ fn main() {
 
     // -- the owner lock ------------------------------------------------------------------------
     let plain_sem = time_op(n(200_000), 21, || {
-        assert_eq!(p1.sem_wait(&r1.sem_postinit, 0), SemWait::Acquired);
-        p1.sem_post(&r1.sem_postinit);
+        assert_eq!(p1.sem_wait(r1.sem_postinit(), 0), SemWait::Acquired);
+        p1.sem_post(r1.sem_postinit());
     });
     t.add("plain: sem_trywait + sem_post", plain_sem, None, None);
     let cfg = LockConfig::default();

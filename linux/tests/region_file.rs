@@ -248,14 +248,17 @@ fn creates_a_fresh_file_with_the_tail_mode_0666_whatever_the_umask() {
     assert_eq!(file.len(), EXT_END);
     assert!(!file.is_empty());
     assert_eq!(file.path(), path);
-    assert_eq!(file.ext().unwrap().magic.load(Ordering::Relaxed), EXT_MAGIC);
+    assert_eq!(
+        file.ext().unwrap().raw_magic().load(Ordering::Relaxed),
+        EXT_MAGIC
+    );
     let meta = fs::metadata(&path).unwrap();
     assert_eq!(meta.len(), FILE_LEN);
     assert_eq!(meta.mode() & 0o777, 0o666);
     assert!(meta.is_file());
     let region = file.region();
-    assert_eq!(region.initialized_flag.load(Ordering::Relaxed), 0);
-    assert_eq!(region.sem_postinit.glibc_private(), 0);
+    assert_eq!(region.raw_initialized_flag().load(Ordering::Relaxed), 0);
+    assert_eq!(region.raw_sem_postinit().glibc_private(), 0);
     // The descriptor is close-on-exec.
     // SAFETY: F_GETFD on an open descriptor.
     let flags = unsafe { libc::fcntl(file.fd(), libc::F_GETFD) };
@@ -270,20 +273,20 @@ fn reopening_an_initialised_file_is_ready_and_changes_nothing() {
     {
         let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
         let r = file.region();
-        r.major_version.store(1, Ordering::Relaxed);
-        r.minor_version.store(2, Ordering::Relaxed);
-        r.limit[0].store(12345, Ordering::Relaxed);
+        r.raw_major_version().store(1, Ordering::Relaxed);
+        r.raw_minor_version().store(2, Ordering::Relaxed);
+        r.raw_limit()[0].store(12345, Ordering::Relaxed);
         // The owner lock's semaphore as sem_init(1, 1) leaves it.
-        r.sem.words[0].store(1, Ordering::Relaxed);
-        r.sem.words[1].store(0x80, Ordering::Relaxed);
-        r.initialized_flag.store(MAGIC, Ordering::Release);
+        r.raw_sem().raw_words()[0].store(1, Ordering::Relaxed);
+        r.raw_sem().raw_words()[1].store(0x80, Ordering::Relaxed);
+        r.raw_initialized_flag().store(MAGIC, Ordering::Release);
     }
     // Someone else's mode is left as it is.
     fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
     assert!(!file.created());
     assert_eq!(file.verdict(), Verdict::Ready);
-    assert_eq!(file.region().limit[0].load(Ordering::Relaxed), 12345);
+    assert_eq!(file.region().raw_limit()[0].load(Ordering::Relaxed), 12345);
     let meta = fs::metadata(&path).unwrap();
     assert_eq!(meta.len(), FILE_LEN);
     assert_eq!(meta.mode() & 0o777, 0o644);
@@ -292,8 +295,11 @@ fn reopening_an_initialised_file_is_ready_and_changes_nothing() {
     let ro = region_file::open(&path, OpenMode::ReadOnly).unwrap();
     assert_eq!(ro.verdict(), Verdict::Ready);
     assert_eq!(ro.mode(), OpenMode::ReadOnly);
-    assert_eq!(ro.region().initialized_flag.load(Ordering::Acquire), MAGIC);
-    assert_eq!(ro.region().limit[0].load(Ordering::Relaxed), 12345);
+    assert_eq!(
+        ro.region().raw_initialized_flag().load(Ordering::Acquire),
+        MAGIC
+    );
+    assert_eq!(ro.region().raw_limit()[0].load(Ordering::Relaxed), 12345);
 }
 
 #[test]
@@ -318,8 +324,8 @@ fn a_c_peers_file_gets_the_tail_only_when_opened_read_write() {
     let mut bytes = vec![0u8; SIZE + 1];
     let head = header(MAGIC, 1, 2);
     bytes[..head.len()].copy_from_slice(&head);
-    let sem = std::mem::offset_of!(SharedRegion, sem);
-    let post = std::mem::offset_of!(SharedRegion, sem_postinit);
+    let sem = hami_shm::raw::offsets::SEM;
+    let post = hami_shm::raw::offsets::SEM_POSTINIT;
     bytes[sem..sem + 8].copy_from_slice(&1u64.to_le_bytes());
     bytes[sem + 8..sem + 16].copy_from_slice(&0x80u64.to_le_bytes());
     bytes[post..post + 8].copy_from_slice(&1u64.to_le_bytes());
@@ -341,7 +347,10 @@ fn a_c_peers_file_gets_the_tail_only_when_opened_read_write() {
         "the region's bytes are untouched"
     );
     let ro = region_file::open(&path, OpenMode::ReadOnly).unwrap();
-    assert_eq!(ro.ext().unwrap().magic.load(Ordering::Relaxed), EXT_MAGIC);
+    assert_eq!(
+        ro.ext().unwrap().raw_magic().load(Ordering::Relaxed),
+        EXT_MAGIC
+    );
 }
 
 #[test]
@@ -394,13 +403,13 @@ fn the_region_works_with_the_platform() {
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
     let p = LinuxPlatform::new(file.fd(), SIZE);
     assert!(p.init_lock(100_000_000));
-    assert!(p.sem_init(&file.region().sem, 1));
-    assert_eq!(p.sem_value(&file.region().sem), 1);
+    assert!(p.sem_init(file.region().sem(), 1));
+    assert_eq!(p.sem_value(file.region().sem()), 1);
     p.init_unlock();
     drop(file);
     let again = region_file::open(&path, OpenMode::ReadOnly).unwrap();
     assert_eq!(
-        again.region().sem.glibc_private(),
+        again.region().raw_sem().glibc_private(),
         0x80,
         "written through the mapping"
     );
@@ -414,12 +423,12 @@ fn leak_keeps_the_mapping_and_drop_closes_the_descriptor() {
     let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
     let fd = file.fd();
     let (region, ext): (&'static SharedRegion, _) = file.leak();
-    ext.buckets[0].rate.store(7, Ordering::Relaxed);
-    region.proc_num.store(3, Ordering::Relaxed);
+    ext.raw_buckets()[0].raw_rate().store(7, Ordering::Relaxed);
+    region.raw_proc_num().store(3, Ordering::Relaxed);
     // SAFETY: F_GETFD on a descriptor number takes no pointers (a closed one gives EBADF).
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
     assert!(flags >= 0, "leaked fd stays open");
-    assert_eq!(region.proc_num.load(Ordering::Relaxed), 3);
+    assert_eq!(region.raw_proc_num().load(Ordering::Relaxed), 3);
 
     let other = dir.join("other");
     let file = region_file::open(&other, OpenMode::ReadWrite).unwrap();
@@ -634,7 +643,7 @@ fn read_only_never_creates_extends_or_maps_an_empty_file() {
     fs::write(&exact, vec![0u8; SIZE]).unwrap();
     let ro = region_file::open(&exact, OpenMode::ReadOnly).unwrap();
     assert_eq!(ro.verdict(), Verdict::Fresh);
-    assert_eq!(ro.region().proc_num.load(Ordering::Relaxed), 0);
+    assert_eq!(ro.region().raw_proc_num().load(Ordering::Relaxed), 0);
     drop(ro);
     assert_eq!(fs::metadata(&exact).unwrap().len(), SIZE as u64);
 }
@@ -684,7 +693,7 @@ fn another_users_0600_file_gives_eacces_with_the_fix() {
     {
         let file = region_file::open(&path, OpenMode::ReadWrite).unwrap();
         file.region()
-            .initialized_flag
+            .raw_initialized_flag()
             .store(MAGIC, Ordering::Release);
     }
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
@@ -880,18 +889,22 @@ fn a_truncated_region_is_extended_again_and_the_process_survives() {
     let got = in_child(move || {
         let file = region_file::open(&p, OpenMode::ReadWrite).map_err(|_| 60)?;
         let region = file.region();
-        region.initialized_flag.store(MAGIC, Ordering::SeqCst);
-        region.procs[1000].pid.store(42, Ordering::SeqCst);
+        region.raw_initialized_flag().store(MAGIC, Ordering::SeqCst);
+        region.raw_procs()[1000]
+            .raw_pid()
+            .store(42, Ordering::SeqCst);
         let before = hami_linux::region_guard::repaired_count();
         truncate_file(&p, 0);
         // A load and a store in the cut pages, then the last field of the region.
-        let pid = region.procs[1000].pid.load(Ordering::SeqCst);
-        region.procs[1000].pid.store(7, Ordering::SeqCst);
-        let post = region.sem_postinit.glibc_private();
+        let pid = region.raw_procs()[1000].raw_pid().load(Ordering::SeqCst);
+        region.raw_procs()[1000]
+            .raw_pid()
+            .store(7, Ordering::SeqCst);
+        let post = region.raw_sem_postinit().glibc_private();
         let len = fs::metadata(&p).map_err(|_| 61)?.len();
         // The store reached the file: the same inode was extended, not a private copy.
         let bytes = fs::read(&p).map_err(|_| 62)?;
-        let off = std::mem::offset_of!(SharedRegion, procs) + 1000 * 1960;
+        let off = hami_shm::raw::offsets::PROCS + 1000 * 1960;
         let in_file = i32::from_le_bytes(bytes[off..off + 4].try_into().unwrap());
         Ok(format!(
             "pid {pid} post {post} len {len} file {in_file} repaired {} event {} {}",
@@ -917,10 +930,12 @@ fn a_read_only_mapping_of_a_truncated_file_reads_zeros() {
     let path = dir.join("cudevshr.cache");
     {
         let f = region_file::open(&path, OpenMode::ReadWrite).unwrap();
-        f.region().major_version.store(1, Ordering::SeqCst);
-        f.region().minor_version.store(2, Ordering::SeqCst);
-        f.region().initialized_flag.store(MAGIC, Ordering::SeqCst);
-        f.region().proc_num.store(3, Ordering::SeqCst);
+        f.region().raw_major_version().store(1, Ordering::SeqCst);
+        f.region().raw_minor_version().store(2, Ordering::SeqCst);
+        f.region()
+            .raw_initialized_flag()
+            .store(MAGIC, Ordering::SeqCst);
+        f.region().raw_proc_num().store(3, Ordering::SeqCst);
     }
     let p = path.clone();
     let got = in_child(move || {
@@ -928,8 +943,8 @@ fn a_read_only_mapping_of_a_truncated_file_reads_zeros() {
         truncate_file(&p, 4096);
         // The last page is cut (a fault); the header page is still in the file, but read after
         // the fault it is one of the zero pages mapped over the whole region.
-        let n = file.region().proc_num.load(Ordering::SeqCst);
-        let flag = file.region().initialized_flag.load(Ordering::SeqCst);
+        let n = file.region().raw_proc_num().load(Ordering::SeqCst);
+        let flag = file.region().raw_initialized_flag().load(Ordering::SeqCst);
         Ok(format!("{flag} {n}"))
     });
     // The read-only descriptor cannot extend the file: zero pages replace the whole mapping.

@@ -567,7 +567,7 @@ impl<const S: usize, const D: usize> SimProc<S, D> {
     /// `owner_pid` this identity.
     pub fn check_holder(&self) {
         let sem = self.sim.world.sem_value();
-        let owner = self.region().owner_pid.load(Ordering::Relaxed);
+        let owner = self.region().raw_owner_pid().load(Ordering::Relaxed);
         assert!(
             sem == 0 && owner == self.id.0,
             "owner-lock holder invariant violated: process {} ({:#x}) holds the lock but the \
@@ -589,9 +589,9 @@ impl<const S: usize, const D: usize> SimProc<S, D> {
     fn sem_of(&self, sem: &RawSem) -> (&AtomicU32, usize) {
         let r = self.region();
         let w = &self.sim.world;
-        if core::ptr::eq(sem, &r.sem) {
+        if core::ptr::eq(sem, r.sem()) {
             (&w.sem, 0)
-        } else if core::ptr::eq(sem, &r.sem_postinit) {
+        } else if core::ptr::eq(sem, r.sem_postinit()) {
             (&w.sem_postinit, 1)
         } else {
             panic!("sem_t at {sem:p} is neither the region's sem nor its sem_postinit")
@@ -653,8 +653,8 @@ impl<const S: usize, const D: usize> Platform for SimProc<S, D> {
         let (cell, i) = self.sem_of(sem);
         cell.store(value, Ordering::Release);
         self.sim.world.sem_mirror[i].store(value, Plain::Relaxed);
-        sem.words[0].store(u64::from(value), Ordering::Relaxed);
-        sem.words[1].store(GLIBC_SEM_SHARED, Ordering::Relaxed);
+        sem.raw_words()[0].store(u64::from(value), Ordering::Relaxed);
+        sem.raw_words()[1].store(GLIBC_SEM_SHARED, Ordering::Relaxed);
         self.crash_point();
         true
     }

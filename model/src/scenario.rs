@@ -263,7 +263,7 @@ fn worker(p: &P, cfg: &Config, checks: &Checks) {
         return;
     }
     assert_eq!(
-        sim.region.limit[0].load(Ordering::Relaxed),
+        sim.region.raw_limit()[0].load(Ordering::Relaxed),
         LIMIT,
         "limit not visible after init"
     );
@@ -271,8 +271,11 @@ fn worker(p: &P, cfg: &Config, checks: &Checks) {
     let prev = checks.prev_slot[idx].load(Plain::Relaxed);
     let claimed = locked(p, cfg, checks, |g| {
         let r = p.region();
-        let reuse =
-            prev != NONE && r.procs[prev as usize].pid.load(Ordering::Relaxed) == p.id().pid();
+        let reuse = prev != NONE
+            && r.raw_procs()[prev as usize]
+                .raw_pid()
+                .load(Ordering::Relaxed)
+                == p.id().pid();
         let slot = slots::claim(r, p, g).expect("8 slots for at most 7 claimants");
         if reuse {
             assert_eq!(
@@ -288,12 +291,12 @@ fn worker(p: &P, cfg: &Config, checks: &Checks) {
                 panic!("slot invariant violated: live processes {j} and {idx} own slot {slot}");
             }
         }
-        assert_eq!(slots::slot_owner(&r.procs[slot]), p.id());
+        assert_eq!(slots::slot_owner(&r.raw_procs()[slot]), p.id());
         checks.slot_of[idx].store(slot as u64, Plain::Relaxed);
         slot
     });
     let Some(slot) = claimed else { return };
-    let own: &ProcSlot<1> = &sim.region.procs[slot];
+    let own: &ProcSlot<1> = &sim.region.raw_procs()[slot];
 
     let mut held: Vec<(Kind, u64)> = Vec::new();
     let take = |held: &mut Vec<(Kind, u64)>, i: usize| {
@@ -365,13 +368,13 @@ fn reaper(p: &P, cfg: &Config, checks: &Checks) {
                 .collect();
             slots::reap(r, p, g);
             for (i, id) in dead {
-                let s = &r.procs[i];
+                let s = &r.raw_procs()[i];
                 assert_ne!(slots::slot_owner(s), id, "reap left dead slot {i} ({id:?})");
             }
             for (i, s) in r.live_range().iter().enumerate() {
-                if s.pid.load(Ordering::Relaxed) == 0 {
+                if s.raw_pid().load(Ordering::Relaxed) == 0 {
                     assert_eq!(
-                        s.used[0].total.load(Ordering::Relaxed),
+                        s.raw_used()[0].raw_total().load(Ordering::Relaxed),
                         0,
                         "free slot {i} still counts usage"
                     );
@@ -452,7 +455,10 @@ pub fn run(cfg: &Config, stats: &Stats) {
     let fin = P::spawn(&sim, FINAL);
     fin.ensure_initialised([LIMIT], u64::MAX)
         .expect("final init");
-    assert_eq!(sim.region.initialized_flag.load(Ordering::Relaxed), MAGIC);
+    assert_eq!(
+        sim.region.raw_initialized_flag().load(Ordering::Relaxed),
+        MAGIC
+    );
     let cfg_final = LockConfig {
         deadline_ns: 1 << 16,
         ..cfg.lock
@@ -462,7 +468,7 @@ pub fn run(cfg: &Config, stats: &Stats) {
     fin.exit();
     for (i, s) in sim.region.live_range().iter().enumerate() {
         assert_eq!(
-            s.pid.load(Ordering::Relaxed),
+            s.raw_pid().load(Ordering::Relaxed),
             0,
             "slot {i} still owned at the end"
         );
@@ -474,7 +480,7 @@ pub fn run(cfg: &Config, stats: &Stats) {
     );
     for s in sim.region.live_range() {
         assert_eq!(
-            s.used[0].total.load(Ordering::Relaxed),
+            s.raw_used()[0].raw_total().load(Ordering::Relaxed),
             0,
             "a freed slot keeps usage"
         );
@@ -485,7 +491,7 @@ pub fn run(cfg: &Config, stats: &Stats) {
         1,
         "the lock does not have exactly one token at rest"
     );
-    assert_eq!(sim.region.owner_pid.load(Ordering::Relaxed), 0);
+    assert_eq!(sim.region.raw_owner_pid().load(Ordering::Relaxed), 0);
     assert_eq!(w.problems(ProblemKind::LockStolen), 0, "a lock was stolen");
     assert_eq!(w.init_lock_holder(), 0);
 

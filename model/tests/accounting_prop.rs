@@ -331,7 +331,7 @@ impl Harness {
         let r = self.region();
         let ctx = || format!("after step {step} ({op:?})");
         assert_eq!(
-            r.proc_num.load(Ordering::Relaxed) as usize,
+            r.raw_proc_num().load(Ordering::Relaxed) as usize,
             self.table.len(),
             "{}",
             ctx()
@@ -346,16 +346,21 @@ impl Harness {
             );
         }
         for (i, o) in self.table.iter().enumerate() {
-            let slot = &r.procs[i];
+            let slot = &r.raw_procs()[i];
             assert_eq!(
-                slot.seqlock.load(Ordering::Relaxed) & 1,
+                slot.raw_seqlock().load(Ordering::Relaxed) & 1,
                 0,
                 "slot {i} odd {}",
                 ctx()
             );
             match o {
                 None => {
-                    assert_eq!(slot.pid.load(Ordering::Relaxed), 0, "slot {i} {}", ctx());
+                    assert_eq!(
+                        slot.raw_pid().load(Ordering::Relaxed),
+                        0,
+                        "slot {i} {}",
+                        ctx()
+                    );
                     for dev in 0..DEVS {
                         let (u, ok) = seqlock::read(slot, dev);
                         assert!(ok);
@@ -364,7 +369,7 @@ impl Harness {
                 }
                 Some(o) => {
                     assert_eq!(slots::slot_owner(slot), o.id, "slot {i} owner {}", ctx());
-                    assert_eq!(slot.status.load(Ordering::Relaxed), STATUS_RUNNING);
+                    assert_eq!(slot.raw_status().load(Ordering::Relaxed), STATUS_RUNNING);
                     for dev in 0..DEVS {
                         let (u, ok) = seqlock::read(slot, dev);
                         assert!(ok);
@@ -401,11 +406,11 @@ impl Harness {
         match self.lock_held_by_dead {
             Some(id) => {
                 assert_eq!(w.sem_value(), 0);
-                assert_eq!(r.owner_pid.load(Ordering::Relaxed), id.0);
+                assert_eq!(r.raw_owner_pid().load(Ordering::Relaxed), id.0);
             }
             None => {
                 assert_eq!(w.sem_value(), 1, "{}", ctx());
-                assert_eq!(r.owner_pid.load(Ordering::Relaxed), 0);
+                assert_eq!(r.raw_owner_pid().load(Ordering::Relaxed), 0);
             }
         }
     }
@@ -551,7 +556,7 @@ fn over_release_keeps_total_equal_to_the_kinds() {
         1,
         "the over-release is reported"
     );
-    let (u, ok) = seqlock::read(&p.region().procs[slot], 0);
+    let (u, ok) = seqlock::read(&p.region().raw_procs()[slot], 0);
     assert!(ok);
     assert_eq!(u.context, 600);
     assert_eq!(u.data, 0);

@@ -44,10 +44,7 @@ fn a_panicking_create_gives_the_probe_lease_back() {
     let sim = Sim::<8, 1>::initialised([LIMIT]);
     let p = SimProc::spawn(&sim, 0);
     let (cost, probe) = (AtomicU64::new(0), AtomicU64::new(0));
-    let cell = ContextCell {
-        cost: &cost,
-        probe: &probe,
-    };
+    let cell = ContextCell::new(&cost, &probe);
     let mut steps = PanickingCreate { reserved: 0 };
     let unwound = catch_unwind(AssertUnwindSafe(|| {
         context::admit(cell, &p, &mut steps, LIMIT / 4)

@@ -80,10 +80,12 @@ fn admission_three_processes_never_overshoot() {
 fn mutation_admission_check_then_act() {
     fn check_then_act(p: &SimProc<2, 1>, slot: usize, bytes: u64) -> bool {
         let r: &Region<2, 1> = p.region();
-        if admission::device_usage(r, 0) + bytes > r.limit[0].load(Ordering::Relaxed) {
+        if admission::device_usage(r, 0) + bytes > r.raw_limit()[0].load(Ordering::Relaxed) {
             return false;
         }
-        seqlock::write(&r.procs[slot], |s| seqlock::add(s, 0, Kind::Data, bytes));
+        seqlock::write(&r.raw_procs()[slot], |s| {
+            seqlock::add(s, 0, Kind::Data, bytes)
+        });
         true
     }
     loom::model(|| race::<2>(&[60, 60], check_then_act));
@@ -97,12 +99,16 @@ fn mutation_admission_check_then_act() {
 fn mutation_admission_without_seqcst_fence() {
     fn no_fence(p: &SimProc<2, 1>, slot: usize, bytes: u64) -> bool {
         let r: &Region<2, 1> = p.region();
-        let limit = r.limit[0].load(Ordering::Relaxed);
-        seqlock::write(&r.procs[slot], |s| seqlock::add(s, 0, Kind::Data, bytes));
+        let limit = r.raw_limit()[0].load(Ordering::Relaxed);
+        seqlock::write(&r.raw_procs()[slot], |s| {
+            seqlock::add(s, 0, Kind::Data, bytes)
+        });
         if admission::device_usage(r, 0) <= limit {
             return true;
         }
-        seqlock::write(&r.procs[slot], |s| seqlock::sub(s, 0, Kind::Data, bytes));
+        seqlock::write(&r.raw_procs()[slot], |s| {
+            seqlock::sub(s, 0, Kind::Data, bytes)
+        });
         false
     }
     loom::model(|| race::<2>(&[60, 60], no_fence));
@@ -114,13 +120,17 @@ fn mutation_admission_without_seqcst_fence() {
 fn admission_local_copy_with_fence_passes() {
     fn with_fence(p: &SimProc<2, 1>, slot: usize, bytes: u64) -> bool {
         let r: &Region<2, 1> = p.region();
-        let limit = r.limit[0].load(Ordering::Relaxed);
-        seqlock::write(&r.procs[slot], |s| seqlock::add(s, 0, Kind::Data, bytes));
+        let limit = r.raw_limit()[0].load(Ordering::Relaxed);
+        seqlock::write(&r.raw_procs()[slot], |s| {
+            seqlock::add(s, 0, Kind::Data, bytes)
+        });
         fence(Ordering::SeqCst);
         if admission::device_usage(r, 0) <= limit {
             return true;
         }
-        seqlock::write(&r.procs[slot], |s| seqlock::sub(s, 0, Kind::Data, bytes));
+        seqlock::write(&r.raw_procs()[slot], |s| {
+            seqlock::sub(s, 0, Kind::Data, bytes)
+        });
         false
     }
     loom::model(|| race::<2>(&[60, 60], with_fence));

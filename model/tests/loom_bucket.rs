@@ -11,7 +11,7 @@ use hami_model::rt::{thread, Arc};
 use hami_model::{Sim, SimProc};
 use hami_shm::bucket::{self, tokens_in};
 use hami_shm::layout::SmBucket;
-use hami_shm::sync::{AtomicU64, Ordering};
+use hami_shm::sync::Ordering;
 
 /// One token per nanosecond: `tokens_in(RATE, ns) == ns`, so no rounding hides a double credit.
 const RATE: u64 = 1_000_000_000;
@@ -21,13 +21,12 @@ const T0: u64 = 1_000;
 const START: i64 = 100;
 
 fn fresh(lease: u64) -> SmBucket {
-    SmBucket {
-        tokens: AtomicU64::new(START as u64),
-        rate: AtomicU64::new(RATE),
-        refilled_ns: AtomicU64::new(T0),
-        lease: AtomicU64::new(lease),
-        spent: AtomicU64::new(0),
-    }
+    let b = SmBucket::zeroed();
+    b.raw_tokens().store(START as u64, Ordering::Relaxed);
+    b.raw_rate().store(RATE, Ordering::Relaxed);
+    b.raw_refilled_ns().store(T0, Ordering::Relaxed);
+    b.raw_lease().store(lease, Ordering::Relaxed);
+    b
 }
 
 type Refill = fn(&SmBucket, u64);
@@ -55,9 +54,13 @@ fn conservation(refill: Refill, work: &'static [(u64, u64)]) {
         h.join().unwrap();
     }
     let taken: u64 = work.iter().map(|&(_, c)| c).sum();
-    let credited = b.refilled_ns.load(Ordering::Relaxed) - T0;
-    let tokens = b.tokens.load(Ordering::Relaxed) as i64;
-    assert_eq!(b.spent.load(Ordering::Relaxed), taken, "spent miscounted");
+    let credited = b.raw_refilled_ns().load(Ordering::Relaxed) - T0;
+    let tokens = b.raw_tokens().load(Ordering::Relaxed) as i64;
+    assert_eq!(
+        b.raw_spent().load(Ordering::Relaxed),
+        taken,
+        "spent miscounted"
+    );
     assert_eq!(
         tokens,
         START + credited as i64 - taken as i64,
@@ -83,13 +86,13 @@ fn bucket_three_processes_conserve_tokens() {
 #[should_panic(expected = "tokens not conserved")]
 fn mutation_refill_without_cas_credits_twice() {
     fn no_cas(b: &SmBucket, now: u64) {
-        let rate = b.rate.load(Ordering::Relaxed);
-        let last = b.refilled_ns.load(Ordering::Relaxed);
+        let rate = b.raw_rate().load(Ordering::Relaxed);
+        let last = b.raw_refilled_ns().load(Ordering::Relaxed);
         if now <= last {
             return;
         }
-        b.refilled_ns.store(now, Ordering::Relaxed);
-        b.tokens
+        b.raw_refilled_ns().store(now, Ordering::Relaxed);
+        b.raw_tokens()
             .fetch_add(tokens_in(rate, now - last) as u64, Ordering::AcqRel);
     }
     loom::model(|| conservation(no_cas, &[(2_000, 10), (3_000, 20)]));
@@ -101,17 +104,17 @@ fn mutation_refill_without_cas_credits_twice() {
 #[should_panic(expected = "tokens not conserved")]
 fn mutation_refill_storing_tokens_loses_a_launch() {
     fn store_tokens(b: &SmBucket, now: u64) {
-        let rate = b.rate.load(Ordering::Relaxed);
-        let last = b.refilled_ns.load(Ordering::Relaxed);
+        let rate = b.raw_rate().load(Ordering::Relaxed);
+        let last = b.raw_refilled_ns().load(Ordering::Relaxed);
         if now <= last
-            || b.refilled_ns
+            || b.raw_refilled_ns()
                 .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
         {
             return;
         }
-        let cur = b.tokens.load(Ordering::Relaxed);
-        b.tokens.store(
+        let cur = b.raw_tokens().load(Ordering::Relaxed);
+        b.raw_tokens().store(
             cur.wrapping_add(tokens_in(rate, now - last) as u64),
             Ordering::Release,
         );
@@ -141,7 +144,7 @@ fn lease_race(take: TakeLease, lease: u64, now_ms: u64) {
         1,
         "lease winners: {won:?}"
     );
-    let holder = (b.lease.load(Ordering::Relaxed) >> 32) as u32;
+    let holder = (b.raw_lease().load(Ordering::Relaxed) >> 32) as u32;
     assert!(won[holder as usize - 1], "the lease names the winner");
 }
 
@@ -157,13 +160,13 @@ fn lease_has_one_winner() {
 #[should_panic(expected = "lease winners")]
 fn mutation_lease_without_cas_has_two_winners() {
     fn store(b: &SmBucket, me: u32, now_ms: u64) -> bool {
-        let cur = b.lease.load(Ordering::Relaxed);
+        let cur = b.raw_lease().load(Ordering::Relaxed);
         let (holder, expiry) = ((cur >> 32) as u32, cur as u32);
         if holder != me && holder != 0 && u64::from(expiry) > now_ms {
             return false;
         }
         let next = (u64::from(me) << 32) | (now_ms + bucket::LEASE_MS);
-        b.lease.store(next, Ordering::Release);
+        b.raw_lease().store(next, Ordering::Release);
         true
     }
     loom::model(|| lease_race(store, 0, 5_000));

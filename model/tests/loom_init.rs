@@ -18,16 +18,19 @@ fn assert_ready<const S: usize>(p: &SimProc<S, 1>) {
     let r = p.region();
     assert!(init::is_initialised(r));
     assert_eq!(
-        r.limit[0].load(Ordering::Relaxed),
+        r.raw_limit()[0].load(Ordering::Relaxed),
         LIMIT,
         "limit not visible after init"
     );
-    assert_eq!(r.sm_limit[0].load(Ordering::Relaxed), 100);
-    assert_eq!(r.major_version.load(Ordering::Relaxed), MAJOR_VERSION);
-    assert_eq!(r.minor_version.load(Ordering::Relaxed), MINOR_VERSION);
-    assert_eq!(r.sem.words[1].load(Ordering::Relaxed), GLIBC_SEM_SHARED);
+    assert_eq!(r.raw_sm_limit()[0].load(Ordering::Relaxed), 100);
+    assert_eq!(r.raw_major_version().load(Ordering::Relaxed), MAJOR_VERSION);
+    assert_eq!(r.raw_minor_version().load(Ordering::Relaxed), MINOR_VERSION);
     assert_eq!(
-        r.sem_postinit.words[1].load(Ordering::Relaxed),
+        r.raw_sem().raw_words()[1].load(Ordering::Relaxed),
+        GLIBC_SEM_SHARED
+    );
+    assert_eq!(
+        r.raw_sem_postinit().raw_words()[1].load(Ordering::Relaxed),
         GLIBC_SEM_SHARED
     );
 }
@@ -112,9 +115,15 @@ fn init_survives_a_crashed_initialiser() {
             );
             if victim_out.is_none() && other_out == InitOutcome::AlreadyReady {
                 // Only possible if the victim published the magic before dying.
-                assert_eq!(sim.region.initialized_flag.load(Ordering::Relaxed), MAGIC);
+                assert_eq!(
+                    sim.region.raw_initialized_flag().load(Ordering::Relaxed),
+                    MAGIC
+                );
             }
-            assert_eq!(sim.region.initialized_flag.load(Ordering::Relaxed), MAGIC);
+            assert_eq!(
+                sim.region.raw_initialized_flag().load(Ordering::Relaxed),
+                MAGIC
+            );
             assert_eq!(sim.world.sem_value(), 1);
             assert_eq!(
                 sim.world.init_lock_holder(),

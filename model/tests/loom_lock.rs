@@ -22,7 +22,7 @@ type S = Sim<2, 1>;
 /// The lock after everything settled: free, one token.
 fn assert_free(sim: &S) {
     assert_eq!(sim.world.sem_value(), 1, "the token count is not 1 at rest");
-    assert_eq!(sim.region.owner_pid.load(Ordering::Relaxed), 0);
+    assert_eq!(sim.region.raw_owner_pid().load(Ordering::Relaxed), 0);
 }
 
 /// Takes and releases the lock as a fresh process (recovering whatever is left), then checks
@@ -48,7 +48,7 @@ fn lock_mutual_exclusion_and_claims() {
                 thread::spawn(move || {
                     let slot = p
                         .with_owner_lock(&model_lock_cfg(), |g| {
-                            let c = &p.region().procs[1].unused[1];
+                            let c = &p.region().raw_procs()[1].raw_unused()[1];
                             let v = c.load(Ordering::Relaxed);
                             c.store(v + 1, Ordering::Relaxed);
                             slots::claim(p.region(), &p, g).expect("two slots for two")
@@ -61,8 +61,11 @@ fn lock_mutual_exclusion_and_claims() {
             .collect();
         let got: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_ne!(got[0], got[1], "two processes claimed one slot");
-        assert_eq!(sim.region.procs[1].unused[1].load(Ordering::Relaxed), 2);
-        assert_eq!(sim.region.proc_num.load(Ordering::Relaxed), 2);
+        assert_eq!(
+            sim.region.raw_procs()[1].raw_unused()[1].load(Ordering::Relaxed),
+            2
+        );
+        assert_eq!(sim.region.raw_proc_num().load(Ordering::Relaxed), 2);
         assert_free(&sim);
     });
 }

@@ -27,7 +27,7 @@ fn seqlock_reader_sees_consistent_snapshots() {
         let writer = {
             let sim = sim.clone();
             thread::spawn(move || {
-                let slot = &sim.region.procs[0];
+                let slot = &sim.region.raw_procs()[0];
                 seqlock::write(slot, |s| {
                     seqlock::add(s, 0, Kind::Context, 10);
                     seqlock::add(s, 0, Kind::Data, 5);
@@ -38,7 +38,7 @@ fn seqlock_reader_sees_consistent_snapshots() {
                 });
             })
         };
-        let (u, ok) = seqlock::read(&sim.region.procs[0], 0);
+        let (u, ok) = seqlock::read(&sim.region.raw_procs()[0], 0);
         if ok {
             assert!(consistent(&u), "torn consistent read: {u:?}");
             assert!(
@@ -59,7 +59,7 @@ fn seqlock_reader_sees_consistent_snapshots() {
             );
         }
         writer.join().unwrap();
-        let (u, ok) = seqlock::read(&sim.region.procs[0], 0);
+        let (u, ok) = seqlock::read(&sim.region.raw_procs()[0], 0);
         assert!(ok);
         assert_eq!(
             u,
@@ -83,11 +83,11 @@ fn seqlock_two_writers_are_exclusive() {
         let spawn_writer = |ctx: u64, data: u64| {
             let sim = sim.clone();
             thread::spawn(move || {
-                seqlock::write(&sim.region.procs[0], |s| {
+                seqlock::write(&sim.region.raw_procs()[0], |s| {
                     seqlock::add(s, 0, Kind::Context, ctx);
                     // Unprotected load + store: lost if the other writer is inside too.
-                    let v = s.unused[1].load(Ordering::Relaxed);
-                    s.unused[1].store(v + 1, Ordering::Relaxed);
+                    let v = s.raw_unused()[1].load(Ordering::Relaxed);
+                    s.raw_unused()[1].store(v + 1, Ordering::Relaxed);
                     seqlock::add(s, 0, Kind::Data, data);
                 });
             })
@@ -96,13 +96,13 @@ fn seqlock_two_writers_are_exclusive() {
         let b = spawn_writer(10, 20);
         a.join().unwrap();
         b.join().unwrap();
-        let slot = &sim.region.procs[0];
+        let slot = &sim.region.raw_procs()[0];
         assert_eq!(
-            slot.unused[1].load(Ordering::Relaxed),
+            slot.raw_unused()[1].load(Ordering::Relaxed),
             2,
             "a write was lost"
         );
-        assert_eq!(slot.seqlock.load(Ordering::Relaxed), 4);
+        assert_eq!(slot.raw_seqlock().load(Ordering::Relaxed), 4);
         let (u, ok) = seqlock::read(slot, 0);
         assert!(ok);
         assert_eq!(
@@ -135,7 +135,7 @@ fn admission_two_threads_of_one_process() {
         });
         admission::try_reserve(p.region(), &p, slot, 0, Kind::Data, 20).unwrap();
         t.join().unwrap();
-        let s = &sim.region.procs[slot];
+        let s = &sim.region.raw_procs()[slot];
         let (u, ok) = seqlock::read(s, 0);
         assert!(ok);
         assert_eq!(
@@ -147,7 +147,7 @@ fn admission_two_threads_of_one_process() {
                 total: 30
             }
         );
-        assert_eq!(s.seqlock.load(Ordering::Relaxed), 4);
+        assert_eq!(s.raw_seqlock().load(Ordering::Relaxed), 4);
         assert_eq!(sim.world.problems(ProblemKind::StuckSeqlock), 0);
     });
 }
@@ -158,14 +158,14 @@ fn admission_two_threads_of_one_process() {
 fn seqlock_dead_writer_does_not_hang_readers() {
     loom::model(|| {
         let sim = Arc::new(S::new());
-        let slot = &sim.region.procs[0];
+        let slot = &sim.region.raw_procs()[0];
         seqlock::write(slot, |s| seqlock::add(s, 0, Kind::Data, 7));
         // The writer dies inside its next write: odd sequence, half-written counters.
-        slot.seqlock.store(3, Ordering::Relaxed);
-        slot.used[0].total.store(9, Ordering::Relaxed);
+        slot.raw_seqlock().store(3, Ordering::Relaxed);
+        slot.raw_used()[0].raw_total().store(9, Ordering::Relaxed);
         let reaper = {
             let sim = sim.clone();
-            thread::spawn(move || seqlock::force_zero(&sim.region.procs[0]))
+            thread::spawn(move || seqlock::force_zero(&sim.region.raw_procs()[0]))
         };
         let (u, ok) = seqlock::read(slot, 0);
         if ok {
@@ -189,18 +189,18 @@ fn seqlock_dead_writer_does_not_hang_readers() {
 #[should_panic(expected = "torn")]
 fn mutation_seqlock_reader_without_acquire() {
     fn bad_read(slot: &ProcSlot<1>) -> Option<Usage> {
-        let s1 = slot.seqlock.load(Ordering::Relaxed);
+        let s1 = slot.raw_seqlock().load(Ordering::Relaxed);
         if s1 & 1 == 1 {
             return None;
         }
-        let m = &slot.used[0];
+        let m = &slot.raw_used()[0];
         let u = Usage {
-            context: m.context_size.load(Ordering::Relaxed),
-            module: m.module_size.load(Ordering::Relaxed),
-            data: m.data_size.load(Ordering::Relaxed),
-            total: m.total.load(Ordering::Relaxed),
+            context: m.raw_context_size().load(Ordering::Relaxed),
+            module: m.raw_module_size().load(Ordering::Relaxed),
+            data: m.raw_data_size().load(Ordering::Relaxed),
+            total: m.raw_total().load(Ordering::Relaxed),
         };
-        let s2 = slot.seqlock.load(Ordering::Relaxed);
+        let s2 = slot.raw_seqlock().load(Ordering::Relaxed);
         (s1 == s2).then_some(u)
     }
     loom::model(|| {
@@ -208,13 +208,13 @@ fn mutation_seqlock_reader_without_acquire() {
         let writer = {
             let sim = sim.clone();
             thread::spawn(move || {
-                seqlock::write(&sim.region.procs[0], |s| {
+                seqlock::write(&sim.region.raw_procs()[0], |s| {
                     seqlock::add(s, 0, Kind::Context, 10);
                     seqlock::add(s, 0, Kind::Data, 5);
                 });
             })
         };
-        if let Some(u) = bad_read(&sim.region.procs[0]) {
+        if let Some(u) = bad_read(&sim.region.raw_procs()[0]) {
             assert!(consistent(&u), "torn read passed the check: {u:?}");
         }
         writer.join().unwrap();

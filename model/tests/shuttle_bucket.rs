@@ -34,13 +34,12 @@ const T0: u64 = 1_000;
 const START: i64 = 1_000;
 
 fn fresh() -> SmBucket {
-    SmBucket {
-        tokens: AtomicU64::new(START as u64),
-        rate: AtomicU64::new(RATE),
-        refilled_ns: AtomicU64::new(T0),
-        lease: AtomicU64::new(0),
-        spent: AtomicU64::new(0),
-    }
+    let b = SmBucket::zeroed();
+    b.raw_tokens().store(START as u64, Ordering::Relaxed);
+    b.raw_rate().store(RATE, Ordering::Relaxed);
+    b.raw_refilled_ns().store(T0, Ordering::Relaxed);
+    b.raw_lease().store(0, Ordering::Relaxed);
+    b
 }
 
 #[test]
@@ -67,10 +66,10 @@ fn bucket_four_processes_conserve_tokens() {
                 })
                 .collect();
             let taken: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-            let credited = b.refilled_ns.load(Ordering::Relaxed) - T0;
-            assert_eq!(b.spent.load(Ordering::Relaxed), taken);
+            let credited = b.raw_refilled_ns().load(Ordering::Relaxed) - T0;
+            assert_eq!(b.raw_spent().load(Ordering::Relaxed), taken);
             assert_eq!(
-                b.tokens.load(Ordering::Relaxed) as i64,
+                b.raw_tokens().load(Ordering::Relaxed) as i64,
                 START + credited as i64 - taken as i64,
                 "tokens not conserved"
             );
@@ -174,14 +173,14 @@ fn lease_is_exclusive_and_free_when_it_runs_out_across_the_wrap() {
 #[should_panic(expected = "was refused")]
 fn mutation_lease_judged_by_before_now() {
     fn before_now(b: &SmBucket, me: u32, clock: &dyn Fn() -> u64) -> bool {
-        let cur = b.lease.load(Ordering::Acquire);
+        let cur = b.raw_lease().load(Ordering::Acquire);
         let now = clock();
         let (holder, expiry) = ((cur >> 32) as u32, cur as u32);
         if holder != me && ((now as u32).wrapping_sub(expiry) as i32) < 0 {
             return false;
         }
         let next = (u64::from(me) << 32) | u64::from((now + LEASE_MS) as u32);
-        b.lease
+        b.raw_lease()
             .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }

@@ -123,10 +123,7 @@ fn herd_under(n: usize, admit: Admit, limit: Option<u64>) -> (u64, u64) {
                     .with_owner_lock(&model_lock_cfg(), |g| slots::claim(p.region(), &p, g))
                     .unwrap()
                     .unwrap();
-                let cell = ContextCell {
-                    cost: &cells.cost,
-                    probe: &cells.probe,
-                };
+                let cell = ContextCell::new(&cells.cost, &cells.probe);
                 let mut steps = ModelSteps {
                     p: &p,
                     slot,
@@ -257,7 +254,7 @@ fn mutation_estimate_then_grow() {
 #[should_panic(expected = "herd progress")]
 fn mutation_known_cost_ignores_the_probe() {
     fn eager<Q: Platform>(cell: ContextCell<'_>, platform: &Q) -> Plan {
-        let cost = cell.cost.load(Ordering::Acquire);
+        let cost = cell.published_cost();
         if cost != 0 {
             return Plan::Reserve(cost);
         }

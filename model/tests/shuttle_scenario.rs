@@ -112,10 +112,12 @@ fn mutation_recovery_post_without_cas() {
 fn mutation_scenario_check_then_act_admission() {
     fn check_then_act(p: &P, slot: usize, bytes: u64) -> bool {
         let r = p.region();
-        if admission::device_usage(r, 0) + bytes > r.limit[0].load(Ordering::Relaxed) {
+        if admission::device_usage(r, 0) + bytes > r.raw_limit()[0].load(Ordering::Relaxed) {
             return false;
         }
-        seqlock::write(&r.procs[slot], |s| seqlock::add(s, 0, Kind::Data, bytes));
+        seqlock::write(&r.raw_procs()[slot], |s| {
+            seqlock::add(s, 0, Kind::Data, bytes)
+        });
         true
     }
     shuttle::check_random(
@@ -202,7 +204,7 @@ fn lost_token_contention(
             assert!(take(&fin), "the lock is wedged");
             fin.exit();
             assert_eq!(sim.world.sem_value(), 1);
-            assert_eq!(sim.region.owner_pid.load(Ordering::Relaxed), 0);
+            assert_eq!(sim.region.raw_owner_pid().load(Ordering::Relaxed), 0);
         },
         runs,
     );

@@ -191,9 +191,11 @@ fn mutation_private_fallback() {
             Some(_) => core_admit(p, slot, bytes),
             None => {
                 let own: Region<1, 1> = Region::zeroed();
-                own.procs[0].pid.store(p.id().pid(), Ordering::Relaxed);
-                own.proc_num.store(1, Ordering::Relaxed);
-                own.limit[0].store(LIMIT, Ordering::Relaxed);
+                own.raw_procs()[0]
+                    .raw_pid()
+                    .store(p.id().pid(), Ordering::Relaxed);
+                own.raw_proc_num().store(1, Ordering::Relaxed);
+                own.raw_limit()[0].store(LIMIT, Ordering::Relaxed);
                 admission::try_reserve(&own, p, 0, 0, Kind::Data, bytes)
             }
         }

@@ -24,7 +24,7 @@ use std::num::NonZeroU64;
 
 use hami_shm::admission;
 use hami_shm::layout::{
-    DeviceUuid, Ext, RawSem, Region, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
+    Ext, RawSem, Region, ABI_DEVS, INIT_IN_PROGRESS, MAGIC, MAJOR_VERSION, MINOR_VERSION,
     STATUS_EXITED, STATUS_RUNNING, STATUS_SUSPENDED,
 };
 use hami_shm::platform::{Liveness, ProcId};
@@ -278,10 +278,8 @@ pub struct BucketReport {
 
 /// Reads the extension page. Loads only.
 pub fn ext_snapshot(ext: &Ext) -> ExtReport {
-    let buckets = ext
-        .buckets
-        .iter()
-        .enumerate()
+    let buckets = (0..ABI_DEVS)
+        .filter_map(|device| Some((device, ext.bucket(device)?)))
         .map(|(device, b)| {
             let s = b.state();
             BucketReport {
@@ -302,9 +300,10 @@ pub fn ext_snapshot(ext: &Ext) -> ExtReport {
 }
 
 /// The bytes of a region UUID entry's NUL-terminated text (without the NUL).
-fn uuid_bytes(uuid: &DeviceUuid) -> Vec<u8> {
-    let (text, len) = uuid.load();
-    text[..len].to_vec()
+fn uuid_bytes<const S: usize, const D: usize>(region: &Region<S, D>, dev: usize) -> Vec<u8> {
+    region
+        .uuid(dev)
+        .map_or_else(Vec::new, |(text, len)| text[..len].to_vec())
 }
 
 /// Takes a snapshot of `region`. `liveness` judges a process (normally `LinuxPlatform`'s, in the
@@ -322,8 +321,8 @@ pub fn snapshot<const S: usize, const D: usize>(
     let devices = (0..D)
         .map(|d| Device {
             index: d,
-            uuid: String::from_utf8_lossy(&uuid_bytes(&region.uuids[d])).into_owned(),
-            uuid_bytes: uuid_bytes(&region.uuids[d]),
+            uuid: String::from_utf8_lossy(&uuid_bytes(region, d)).into_owned(),
+            uuid_bytes: uuid_bytes(region, d),
             limit: limits[d],
             sm_limit: region.sm_limit(d),
             used: admission::device_usage(region, d),
@@ -334,7 +333,7 @@ pub fn snapshot<const S: usize, const D: usize>(
     let owner = Owner {
         raw: owner_raw,
         liveness: (owner_id.pid() > 0).then(|| liveness(owner_id)),
-        sem: SemState::read(&region.sem),
+        sem: SemState::read(region.sem()),
     };
     let slots = region
         .live_range()
@@ -379,7 +378,7 @@ pub fn snapshot<const S: usize, const D: usize>(
         devices,
         proc_num: h.proc_num,
         owner,
-        sem_postinit: SemState::read(&region.sem_postinit),
+        sem_postinit: SemState::read(region.sem_postinit()),
         utilization_switch: h.utilization_switch,
         recent_kernel: h.recent_kernel,
         priority: h.priority,

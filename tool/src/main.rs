@@ -501,7 +501,7 @@ fn reap_cmd(path: &Path) -> Result<u8, Fail> {
         }
         Verdict::Ready | Verdict::LegacyV11 => {}
     }
-    let sem = SemState::read(&region.sem);
+    let sem = SemState::read(region.sem());
     if !sem.shared() {
         return Err(Fail(format!(
             "{shown}: the owner lock's semaphore is not process-shared (private word {:#x}); \
@@ -828,13 +828,6 @@ fn init_params(config: &Config) -> InitParams<ABI_DEVS> {
     }
 }
 
-/// Frees every slot of the table: pid, identity, status, host pid, usage and NVML figures.
-fn clear_slots(region: &SharedRegion) {
-    for slot in &region.procs {
-        slot.reset();
-    }
-}
-
 fn create_new_cmd(path: &Path, force: bool) -> Result<u8, Fail> {
     let shown = path.display().to_string();
     // A missing or empty file is created / extended by the read-write open.
@@ -885,7 +878,7 @@ fn create_new_cmd(path: &Path, force: bool) -> Result<u8, Fail> {
 
     // The owner lock first (so no slot-table change is half done), then the init lock, the
     // order in which both are only ever nested here.
-    let guard = if initialised && SemState::read(&region.sem).shared() {
+    let guard = if initialised && SemState::read(region.sem()).shared() {
         let cfg = LockConfig {
             deadline_ns: LOCK_DEADLINE_NS,
             ..LockConfig::default()
@@ -918,7 +911,7 @@ fn create_new_cmd(path: &Path, force: bool) -> Result<u8, Fail> {
     // ensure_initialised taking it again succeeds at once; its unlock ends our hold, after
     // which nothing more is written.
     region.mark_uninitialised();
-    clear_slots(region);
+    region.clear_slots();
     let outcome = init::ensure_initialised(region, &platform, &params, LOCK_DEADLINE_NS);
     platform.init_unlock();
     if let Some(g) = guard {

@@ -1224,22 +1224,26 @@ fn findings_of_small_regions() {
     assert_eq!(inspect::findings(&rep), vec![Finding::NotInitialised]);
     assert!(!inspect::has_problems(&inspect::findings(&rep)));
 
-    r.initialized_flag.store(MAGIC, Ordering::Relaxed);
-    r.sem.words[0].store(1, Ordering::Relaxed);
-    r.sem.words[1].store(0x80, Ordering::Relaxed);
-    r.sem_postinit.words[1].store(0x80, Ordering::Relaxed);
-    r.sem_postinit.words[0].store(1, Ordering::Relaxed);
-    r.proc_num.store(3, Ordering::Relaxed);
-    r.procs[0].pid.store(10, Ordering::Relaxed);
-    r.procs[0].status.store(1, Ordering::Relaxed);
-    r.procs[1].pid.store(11, Ordering::Relaxed);
+    r.raw_initialized_flag().store(MAGIC, Ordering::Relaxed);
+    r.raw_sem().raw_words()[0].store(1, Ordering::Relaxed);
+    r.raw_sem().raw_words()[1].store(0x80, Ordering::Relaxed);
+    r.raw_sem_postinit().raw_words()[1].store(0x80, Ordering::Relaxed);
+    r.raw_sem_postinit().raw_words()[0].store(1, Ordering::Relaxed);
+    r.raw_proc_num().store(3, Ordering::Relaxed);
+    r.raw_procs()[0].raw_pid().store(10, Ordering::Relaxed);
+    r.raw_procs()[0].raw_status().store(1, Ordering::Relaxed);
+    r.raw_procs()[1].raw_pid().store(11, Ordering::Relaxed);
     // Our identity word: the pid above the start tag.
-    r.procs[1].unused[0].store((11 << 32) | 0x8000_0005, Ordering::Relaxed);
-    r.procs[2].pid.store(10, Ordering::Relaxed);
-    r.procs[2].status.store(7, Ordering::Relaxed);
-    r.limit[1].store(100, Ordering::Relaxed);
-    r.procs[0].used[1].data_size.store(150, Ordering::Relaxed);
-    r.procs[0].used[1].total.store(150, Ordering::Relaxed);
+    r.raw_procs()[1].raw_unused()[0].store((11 << 32) | 0x8000_0005, Ordering::Relaxed);
+    r.raw_procs()[2].raw_pid().store(10, Ordering::Relaxed);
+    r.raw_procs()[2].raw_status().store(7, Ordering::Relaxed);
+    r.raw_limit()[1].store(100, Ordering::Relaxed);
+    r.raw_procs()[0].raw_used()[1]
+        .raw_data_size()
+        .store(150, Ordering::Relaxed);
+    r.raw_procs()[0].raw_used()[1]
+        .raw_total()
+        .store(150, Ordering::Relaxed);
     let dead_11 = |id: ProcId| {
         if id.pid() == 11 {
             assert_eq!(id.tag(), 0x8000_0005, "liveness gets the start tag");

@@ -28,7 +28,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 
 use hami_shm::admission::OutOfMemory;
-use hami_shm::context::{self, Admitted, ContextCell, Steps};
+use hami_shm::context::{self, Admitted, Steps};
 use hami_shm::platform::Platform;
 use hami_shm::seqlock::Kind;
 
@@ -55,7 +55,7 @@ const PROBE_POLL_NS: u64 = 2_000_000;
 fn my_pid(rt: &Runtime) -> u32 {
     host_pid::known()
         .or_else(|| {
-            let slot = rt.own_slot().and_then(|s| rt.region.procs.get(s))?;
+            let slot = rt.own_slot().and_then(|s| rt.region.slot(s))?;
             let h = slot.hostpid_acquire();
             (h > 0).then_some(h as u32)
         })
@@ -170,11 +170,9 @@ fn create_counted(
     made: impl Fn() -> CUcontext,
     undo: impl FnOnce(),
 ) -> (CUresult, u64) {
-    let (Some(cost), Some(probe)) = (rt.ext.context_cost.get(dev), rt.ext.context_probe.get(dev))
-    else {
+    let Some(cell) = rt.ext.context_cell(dev) else {
         return (create(), 0);
     };
-    let cell = ContextCell { cost, probe };
     let mut steps = Admission {
         rt,
         what,

@@ -17,10 +17,10 @@
 //!    driver and uncounted, a size unique to our slot (`(slot mod 64 + 1)` × 2 MiB or the device's
 //!    granularity), and watch which candidate's usage grows by exactly that much; the probe is
 //!    freed at once. Peers probe at the same time with other sizes.
-//! 4. **Claim.** Our slot's `hostpid` goes 0 → pid (CAS), then the other slots are scanned for the
-//!    same value. Every access is SeqCst, so of two processes claiming one pid at least one sees
-//!    the other; whoever sees a conflict withdraws (CAS back to 0), waits a time set by its slot
-//!    index and settles the next round by probe. No pid stays claimed twice.
+//! 4. **Claim.** [`hami_shm::host_pid::claim`]: our slot's `hostpid` goes 0 → pid, then the other
+//!    slots are read for the same value; of two processes claiming one pid at least one sees the
+//!    other. Whoever sees a conflict withdraws, waits a time set by its slot index and settles the
+//!    next round by probe. No pid stays claimed twice.
 //!
 //! A driver that translates pids reports a container's processes with the pids of the container's
 //! own namespace. Our own pid in NVML's list while we run outside the initial pid namespace is
@@ -35,7 +35,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use hami_shm::layout::Region;
+use hami_shm::host_pid::{claim, claimed_by_others, peers_looking, Claim};
 use hami_shm::platform::Platform;
 
 use crate::log::{log_debug, log_info, log_warn};
@@ -188,64 +188,6 @@ fn probe_match(cands: &[u32], a: &[Proc], b: &[Proc], size: u64, step: u64) -> O
     hits.next().is_none().then_some(hit)
 }
 
-// ---- The claim in the region -------------------------------------------------------------------
-
-/// Host pids claimed by live slots other than `mine`.
-fn claimed_by_others<const S: usize, const D: usize>(
-    region: &Region<S, D>,
-    mine: usize,
-) -> Vec<u32> {
-    region
-        .live_range()
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != mine)
-        .filter_map(|(_, s)| s.claimed_hostpid())
-        .filter(|&h| h > 0)
-        .map(|h| h as u32)
-        .collect()
-}
-
-/// Whether another live slot has no host pid yet (a peer that may be looking right now).
-fn peers_looking<const S: usize, const D: usize>(region: &Region<S, D>, mine: usize) -> bool {
-    region
-        .live_range()
-        .iter()
-        .enumerate()
-        .any(|(i, s)| i != mine && s.pid() != 0 && s.hostpid() == 0)
-}
-
-/// How a claim ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Claim {
-    /// The pid is ours, and no other slot holds it.
-    Won,
-    /// Another slot holds it too; ours is back to 0.
-    Conflict,
-    /// Our slot already had a host pid (set by HAMi's monitor or the C API): keep it.
-    Preset(u32),
-    /// We have no slot, or the pid does not fit the field.
-    Impossible,
-}
-
-/// Claims host pid `pid` for slot `mine` (module docs, step 4).
-fn claim<const S: usize, const D: usize>(region: &Region<S, D>, mine: usize, pid: u32) -> Claim {
-    let (Some(slot), Ok(v)) = (region.procs.get(mine), i32::try_from(pid)) else {
-        return Claim::Impossible;
-    };
-    if v == 0 {
-        return Claim::Impossible;
-    }
-    if let Err(cur) = slot.claim_hostpid(v) {
-        return Claim::Preset(cur as u32);
-    }
-    if claimed_by_others(region, mine).contains(&pid) {
-        slot.withdraw_hostpid(v);
-        return Claim::Conflict;
-    }
-    Claim::Won
-}
-
 // ---- Discovery ---------------------------------------------------------------------------------
 
 /// Why discovery failed, for the one warning.
@@ -327,7 +269,7 @@ fn search_once(rt: &Runtime, new: &NewContext, before: Option<&[Proc]>) -> Optio
         }
         Ok((pid, how)) => {
             FOUND.store(pid, Ordering::Release);
-            if let Some(slot) = rt.own_slot().and_then(|s| rt.region.procs.get(s)) {
+            if let Some(slot) = rt.own_slot().and_then(|s| rt.region.slot(s)) {
                 crate::capi::host_pid_recorded(slot, pid as i32);
             }
             log_debug!("host pid {pid} found in {ms} ms (by {how})");
@@ -392,7 +334,7 @@ fn search(
         let Some(mine) = rt.own_slot() else {
             return (Err(Failure::NoSlot), last);
         };
-        if let Some(h) = rt.region.procs.get(mine).map(|s| s.hostpid_acquire()) {
+        if let Some(h) = rt.region.slot(mine).map(|s| s.hostpid_acquire()) {
             if h > 0 {
                 return (Ok((h as u32, "preset")), last);
             }
@@ -410,7 +352,7 @@ fn search(
             }
             Some(after) => {
                 errors = 0;
-                let claimed = claimed_by_others(rt.region, mine);
+                let claimed: Vec<u32> = claimed_by_others(rt.region, mine).collect();
                 let careful_now = careful || peers_looking(rt.region, mine);
                 let pick = match choose(before.unwrap_or(&[]), &after, &own, &claimed, careful_now)
                 {
@@ -631,38 +573,5 @@ mod tests {
         // Unlisted or unavailable usage never matches.
         assert_eq!(probe_match(&[1], &a, &[(1, u64::MAX)], 4 * M, 2 * M), None);
         assert_eq!(probe_match(&[9], &a, &[(9, 4 * M)], 4 * M, 2 * M), None);
-    }
-
-    fn region() -> Box<Region<4, 1>> {
-        let r = Box::new(Region::<4, 1>::zeroed());
-        r.proc_num.store(3, Ordering::Relaxed);
-        for (i, pid) in [(0, 11), (1, 12), (2, 13)] {
-            r.procs[i].pid.store(pid, Ordering::Relaxed);
-        }
-        r
-    }
-
-    #[test]
-    fn claim_wins_conflicts_and_respects_a_preset() {
-        let r = region();
-        assert_eq!(claim(&r, 0, 500), Claim::Won);
-        assert_eq!(r.procs[0].hostpid.load(Ordering::Relaxed), 500);
-        assert!(peers_looking(&r, 0));
-        assert_eq!(claimed_by_others(&r, 1), vec![500]);
-        // Slot 1 claims the same pid: it sees slot 0's and withdraws.
-        assert_eq!(claim(&r, 1, 500), Claim::Conflict);
-        assert_eq!(r.procs[1].hostpid.load(Ordering::Relaxed), 0);
-        assert_eq!(r.procs[0].hostpid.load(Ordering::Relaxed), 500);
-        // A freed slot's stale host pid does not count.
-        r.procs[0].pid.store(0, Ordering::Relaxed);
-        assert_eq!(claim(&r, 1, 500), Claim::Won);
-        // A host pid already set by someone else stays.
-        r.procs[2].hostpid.store(77, Ordering::Relaxed);
-        assert_eq!(claim(&r, 2, 600), Claim::Preset(77));
-        assert_eq!(claim(&r, 2, 77), Claim::Won);
-        assert!(!peers_looking(&r, 1));
-        assert_eq!(claim(&r, 9, 600), Claim::Impossible);
-        assert_eq!(claim(&r, 1, 0), Claim::Impossible);
-        assert_eq!(claim(&r, 1, u32::MAX), Claim::Impossible);
     }
 }

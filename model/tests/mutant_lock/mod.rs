@@ -29,26 +29,26 @@ pub fn take_and_release_recovering_without_cas<const S: usize, const D: usize>(
     let start = p.now_ns();
     loop {
         p.window_enter();
-        let got = p.sem_wait(&r.sem, 0) == SemWait::Acquired;
+        let got = p.sem_wait(r.sem(), 0) == SemWait::Acquired;
         if got {
-            r.owner_pid.store(p.self_id().0, Ordering::SeqCst);
+            r.raw_owner_pid().store(p.self_id().0, Ordering::SeqCst);
         }
         p.window_exit();
         if got {
             break;
         }
-        let owner = ProcId(r.owner_pid.load(Ordering::SeqCst));
+        let owner = ProcId(r.raw_owner_pid().load(Ordering::SeqCst));
         if owner != ProcId::NONE && p.liveness(owner) == Liveness::Dead {
-            r.owner_pid.store(0, Ordering::SeqCst); // no CAS
-            p.sem_post(&r.sem);
+            r.raw_owner_pid().store(0, Ordering::SeqCst); // no CAS
+            p.sem_post(r.sem());
         }
         assert!(p.now_ns() - start < cfg.deadline_ns, "timeout");
         p.sleep_ns(1);
     }
     let _ = r
-        .owner_pid
+        .raw_owner_pid()
         .compare_exchange(p.id().0, 0, Ordering::SeqCst, Ordering::SeqCst);
-    p.sem_post(&r.sem);
+    p.sem_post(r.sem());
 }
 
 /// Holds the lock; dropping releases it as core's `OwnerGuard` does.
@@ -62,11 +62,11 @@ impl<const S: usize, const D: usize> Drop for Guard<'_, S, D> {
         let r = self.p.region();
         self.p.window_enter();
         let ours = r
-            .owner_pid
+            .raw_owner_pid()
             .compare_exchange(self.me.0, 0, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
         if ours {
-            self.p.sem_post(&r.sem);
+            self.p.sem_post(r.sem());
         } else {
             self.p.report(Problem::LockStolen);
         }
@@ -103,33 +103,33 @@ pub fn acquire<'a, const S: usize, const D: usize>(
     let mut orphan_since: Option<u64> = None;
     loop {
         p.window_enter();
-        let got = p.sem_wait(&r.sem, 0);
+        let got = p.sem_wait(r.sem(), 0);
         if got == SemWait::Acquired {
-            r.owner_pid.store(me.0, Ordering::SeqCst);
+            r.raw_owner_pid().store(me.0, Ordering::SeqCst);
         }
         p.window_exit();
         if got == SemWait::Acquired {
             return Ok(Guard { p, me });
         }
         let now = p.now_ns();
-        let owner = ProcId(r.owner_pid.load(Ordering::SeqCst));
+        let owner = ProcId(r.raw_owner_pid().load(Ordering::SeqCst));
         if owner != ProcId::NONE {
             orphan_since = None;
             if p.liveness(owner) == Liveness::Dead {
                 p.window_enter();
                 let won = r
-                    .owner_pid
+                    .raw_owner_pid()
                     .compare_exchange(owner.0, 0, Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok();
                 if won {
-                    p.sem_post(&r.sem);
+                    p.sem_post(r.sem());
                 }
                 p.window_exit();
                 if won {
                     p.report(Problem::RecoveredDeadOwner { pid: owner.pid() });
                 }
             }
-        } else if p.sem_value(&r.sem) == 0 {
+        } else if p.sem_value(r.sem()) == 0 {
             let since = *orphan_since.get_or_insert(now);
             if now.saturating_sub(since) >= cfg.orphan_grace_ns && take_over(p, me) {
                 return Ok(Guard { p, me });
@@ -146,14 +146,14 @@ pub fn acquire<'a, const S: usize, const D: usize>(
 }
 
 fn looks_lost<const S: usize, const D: usize>(p: &SimProc<S, D>) -> bool {
-    p.sem_value(&p.region().sem) == 0 && !p.window_held_by_other()
+    p.sem_value(p.region().sem()) == 0 && !p.window_held_by_other()
 }
 
 fn take_over<const S: usize, const D: usize>(p: &SimProc<S, D>, me: ProcId) -> bool {
     let r = p.region();
     p.window_enter();
     let won = looks_lost(p)
-        && r.owner_pid
+        && r.raw_owner_pid()
             .compare_exchange(0, me.0, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
     p.window_exit();
