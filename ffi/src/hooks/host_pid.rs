@@ -422,8 +422,8 @@ fn probe(
     let (Some(push), Some(pop), Some(alloc), Some(free)) = (
         real::cuCtxPushCurrent_v2.get(),
         real::cuCtxPopCurrent_v2.get(),
-        real::cuMemAlloc_v2.get(),
-        real::cuMemFree_v2.get(),
+        super::memory::cuMemAlloc_v2::REAL.get(),
+        super::memory::cuMemFree_v2::REAL.get(),
     ) else {
         return Err(CUresult::NOT_FOUND);
     };

@@ -28,9 +28,10 @@ use crate::log::log_debug;
 use crate::runtime::Runtime;
 
 use super::devices::{self, granularity, round_up};
+use super::hook::hook;
 use super::table::{self, Key, Record};
 use super::types::*;
-use super::{active, adjust, guard, real, refused, Active};
+use super::{active, adjust, real, refused, Active};
 
 /// Records a successful allocation, releasing any stale record the key replaces.
 fn record(rt: &Runtime, key: Key, rec: Record) {
@@ -140,67 +141,50 @@ fn device_alloc(
     admitted(&a, what, dev, bytes, devices::current_ctx(), call, key)
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemAlloc_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
+    |real_fn| {
         device_alloc(
             "cuMemAlloc",
             bytesize as u64,
             !dptr.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(dptr, bytesize) },
+            || unsafe { real_fn(dptr, bytesize) },
             // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
             || Key::Ptr(unsafe { *dptr }),
         )
-    })
+    }
 }
 
-/// The legacy 32-bit `cuMemAlloc`.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptrV1, bytesize: c_uint) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemAlloc.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// The legacy 32-bit `cuMemAlloc`.
+    fn cuMemAlloc(dptr: *mut CUdeviceptrV1, bytesize: c_uint) -> CUresult;
+    |real_fn| {
         device_alloc(
             "cuMemAlloc",
             u64::from(bytesize),
             !dptr.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(dptr, bytesize) },
+            || unsafe { real_fn(dptr, bytesize) },
             // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
             || Key::Ptr(u64::from(unsafe { *dptr })),
         )
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    flags: c_uint,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemAllocManaged.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult;
+    |real_fn| {
         device_alloc(
             "cuMemAllocManaged",
             bytesize as u64,
             !dptr.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(dptr, bytesize, flags) },
+            || unsafe { real_fn(dptr, bytesize, flags) },
             // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
             || Key::Ptr(unsafe { *dptr }),
         )
-    })
+    }
 }
 
 /// What a pitched allocation reserves before the driver picks the pitch.
@@ -253,25 +237,21 @@ fn pitch_alloc(
     r
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(
-    dptr: *mut CUdeviceptr,
-    p_pitch: *mut usize,
-    width_in_bytes: usize,
-    height: usize,
-    element_size_bytes: c_uint,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemAllocPitch_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMemAllocPitch_v2(
+        dptr: *mut CUdeviceptr,
+        p_pitch: *mut usize,
+        width_in_bytes: usize,
+        height: usize,
+        element_size_bytes: c_uint,
+    ) -> CUresult;
+    |real_fn| {
         pitch_alloc(
             width_in_bytes as u64,
             height as u64,
             !dptr.is_null() && !p_pitch.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
+            || unsafe { real_fn(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
             || {
                 // SAFETY: runs only when both outputs are non-null and the driver succeeded,
                 // so it wrote `*dptr`.
@@ -281,36 +261,31 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
                 (ptr, pitch as u64)
             },
             |ptr| {
-                if let Some(free) = real::cuMemFree_v2.get() {
+                if let Some(free) = cuMemFree_v2::REAL.get() {
                     // SAFETY: freeing the allocation the driver just made.
                     let _ = unsafe { free(ptr) };
                 }
             },
         )
-    })
+    }
 }
 
-/// The legacy 32-bit `cuMemAllocPitch`.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocPitch(
-    dptr: *mut CUdeviceptrV1,
-    p_pitch: *mut c_uint,
-    width_in_bytes: c_uint,
-    height: c_uint,
-    element_size_bytes: c_uint,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemAllocPitch.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// The legacy 32-bit `cuMemAllocPitch`.
+    fn cuMemAllocPitch(
+        dptr: *mut CUdeviceptrV1,
+        p_pitch: *mut c_uint,
+        width_in_bytes: c_uint,
+        height: c_uint,
+        element_size_bytes: c_uint,
+    ) -> CUresult;
+    |real_fn| {
         pitch_alloc(
             u64::from(width_in_bytes),
             u64::from(height),
             !dptr.is_null() && !p_pitch.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
+            || unsafe { real_fn(dptr, p_pitch, width_in_bytes, height, element_size_bytes) },
             || {
                 // SAFETY: runs only when both outputs are non-null and the driver succeeded,
                 // so it wrote `*dptr`.
@@ -320,65 +295,52 @@ pub unsafe extern "C" fn cuMemAllocPitch(
                 (u64::from(ptr), u64::from(pitch))
             },
             |ptr| {
-                if let Some(free) = real::cuMemFree.get() {
+                if let Some(free) = cuMemFree::REAL.get() {
                     // SAFETY: freeing the allocation the driver just made.
                     let _ = unsafe { free(ptr as CUdeviceptrV1) };
                 }
             },
         )
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemFree_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's argument unchanged.
-        let call = || unsafe { f(dptr) };
+        let call = || unsafe { real_fn(dptr) };
         if dptr == 0 {
             return call();
         }
         freed(Key::Ptr(dptr), call)
-    })
+    }
 }
 
-/// The legacy 32-bit `cuMemFree`.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptrV1) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemFree.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// The legacy 32-bit `cuMemFree`.
+    fn cuMemFree(dptr: CUdeviceptrV1) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's argument unchanged.
-        let call = || unsafe { f(dptr) };
+        let call = || unsafe { real_fn(dptr) };
         if dptr == 0 {
             return call();
         }
         freed(Key::Ptr(u64::from(dptr)), call)
-    })
+    }
 }
 
 // ---- VMM ----------------------------------------------------------------------------------
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemCreate(
-    handle: *mut CUmemGenericAllocationHandle,
-    size: usize,
-    prop: *const CUmemAllocationProp,
-    flags: u64,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemCreate.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMemCreate(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        flags: u64,
+    ) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let call = || unsafe { f(handle, size, prop, flags) };
+        let call = || unsafe { real_fn(handle, size, prop, flags) };
         let Some(a) = active() else {
             return call();
         };
@@ -400,19 +362,15 @@ pub unsafe extern "C" fn cuMemCreate(
             // SAFETY: read only after the driver succeeded and wrote `*handle`.
             Key::Vmm(unsafe { *handle })
         })
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemRelease.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's argument unchanged.
-        freed(Key::Vmm(handle), || unsafe { f(handle) })
-    })
+        freed(Key::Vmm(handle), || unsafe { real_fn(handle) })
+    }
 }
 
 // ---- Stream-ordered allocation -------------------------------------------------------------
@@ -539,7 +497,7 @@ fn settle(
 
 /// Trims `pool` to its live allocations with the real driver.
 fn trim_real(pool: usize) -> bool {
-    real::cuMemPoolTrimTo
+    cuMemPoolTrimTo::REAL
         .get()
         // SAFETY: the real call on a pool handle the application gave us; keeping 0 bytes
         // frees only unused reserve.
@@ -671,7 +629,7 @@ fn pool_untake(rt: &Runtime, pool: usize, bytes: u64, grow: u64) {
 
 /// Frees a stream-ordered allocation we just made, on the stream it was made on.
 fn free_pool_ptr(k: Key, stream: CUstream) {
-    if let (Key::Ptr(p), Some(f)) = (k, real::cuMemFreeAsync.get()) {
+    if let (Key::Ptr(p), Some(f)) = (k, cuMemFreeAsync::REAL.get()) {
         // SAFETY: freeing the allocation the driver just made, on its own stream.
         let _ = unsafe { f(p, stream) };
     }
@@ -750,29 +708,21 @@ fn pool_alloc(
 
 macro_rules! alloc_async {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            dptr: *mut CUdeviceptr,
-            bytesize: usize,
-            h_stream: CUstream,
-        ) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(f) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(dptr: *mut CUdeviceptr, bytesize: usize, h_stream: CUstream) -> CUresult;
+            |real_fn| {
                 pool_alloc(
                     stringify!($name),
                     bytesize as u64,
                     std::ptr::null_mut(),
                     !dptr.is_null(),
                     // SAFETY: forwarding the caller's arguments unchanged.
-                    || unsafe { f(dptr, bytesize, h_stream) },
+                    || unsafe { real_fn(dptr, bytesize, h_stream) },
                     // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
                     || Key::Ptr(unsafe { *dptr }),
                     |k| free_pool_ptr(k, h_stream),
                 )
-            })
+            }
         }
     };
 }
@@ -781,21 +731,17 @@ alloc_async!(cuMemAllocAsync_ptsz);
 
 macro_rules! alloc_from_pool {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            dptr: *mut CUdeviceptr,
-            bytesize: usize,
-            pool: CUmemoryPool,
-            h_stream: CUstream,
-        ) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(f) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(
+                dptr: *mut CUdeviceptr,
+                bytesize: usize,
+                pool: CUmemoryPool,
+                h_stream: CUstream,
+            ) -> CUresult;
+            |real_fn| {
                 if pool.is_null() {
                     // SAFETY: forwarding the caller's arguments; the driver rejects a null pool.
-                    return unsafe { f(dptr, bytesize, pool, h_stream) };
+                    return unsafe { real_fn(dptr, bytesize, pool, h_stream) };
                 }
                 pool_alloc(
                     stringify!($name),
@@ -803,12 +749,12 @@ macro_rules! alloc_from_pool {
                     pool,
                     !dptr.is_null(),
                     // SAFETY: forwarding the caller's arguments unchanged.
-                    || unsafe { f(dptr, bytesize, pool, h_stream) },
+                    || unsafe { real_fn(dptr, bytesize, pool, h_stream) },
                     // SAFETY: called only after the driver succeeded, so it wrote `*dptr`.
                     || Key::Ptr(unsafe { *dptr }),
                     |k| free_pool_ptr(k, h_stream),
                 )
-            })
+            }
         }
     };
 }
@@ -817,37 +763,28 @@ alloc_from_pool!(cuMemAllocFromPoolAsync_ptsz);
 
 macro_rules! free_async {
     ($name:ident) => {
-        /// cbindgen:ignore
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dptr: CUdeviceptr, h_stream: CUstream) -> CUresult {
-            guard(CUresult::UNKNOWN, || {
-                let Some(f) = real::$name.require() else {
-                    return CUresult::NOT_FOUND;
-                };
+        hook! {
+            fn $name(dptr: CUdeviceptr, h_stream: CUstream) -> CUresult;
+            |real_fn| {
                 // SAFETY: forwarding the caller's arguments unchanged.
-                let call = || unsafe { f(dptr, h_stream) };
+                let call = || unsafe { real_fn(dptr, h_stream) };
                 if dptr == 0 {
                     return call();
                 }
                 freed(Key::Ptr(dptr), call)
-            })
+            }
         }
     };
 }
 free_async!(cuMemFreeAsync);
 free_async!(cuMemFreeAsync_ptsz);
 
-/// Trimming releases a pool's unused reserve: after the driver did it, so do we.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemPoolTrimTo.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// Trimming releases a pool's unused reserve: after the driver did it, so do we.
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(pool, min_bytes_to_keep) };
+        let r = unsafe { real_fn(pool, min_bytes_to_keep) };
         if !r.ok() {
             return r;
         }
@@ -858,23 +795,15 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: 
             Some(round_up(min_bytes_to_keep as u64, granularity(st.ordinal)))
         });
         r
-    })
+    }
 }
 
-/// Remembers which device a pool allocates on, for `cuMemAllocFromPoolAsync`.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(
-    pool: *mut CUmemoryPool,
-    props: *const CUmemPoolPropsPrefix,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemPoolCreate.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// Remembers which device a pool allocates on, for `cuMemAllocFromPoolAsync`.
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolPropsPrefix) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(pool, props) };
+        let r = unsafe { real_fn(pool, props) };
         if !r.ok() || pool.is_null() || props.is_null() {
             return r;
         }
@@ -892,20 +821,15 @@ pub unsafe extern "C" fn cuMemPoolCreate(
             }
         }
         r
-    })
+    }
 }
 
-/// Destroying a pool releases its unused reserve now, and the rest as it is freed.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemPoolDestroy.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// Destroying a pool releases its unused reserve now, and the rest as it is freed.
+    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's argument unchanged.
-        let r = unsafe { f(pool) };
+        let r = unsafe { real_fn(pool) };
         if !r.ok() {
             return r;
         }
@@ -928,7 +852,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
             a.rt.release(dev, Kind::Data, bytes);
         }
         r
-    })
+    }
 }
 
 // ---- Arrays -------------------------------------------------------------------------------
@@ -1020,7 +944,7 @@ fn array_alloc(
 }
 
 fn destroy_array(h: *mut c_void) {
-    if let Some(f) = real::cuArrayDestroy.get() {
+    if let Some(f) = cuArrayDestroy::REAL.get() {
         // SAFETY: destroying the array the driver just created.
         let _ = unsafe { f(h) };
     }
@@ -1069,13 +993,10 @@ impl ArrayDescriptor for CudaArray3dDescriptorV1 {
 /// One array creation through the real `create`, with admission (see [`array_alloc`]).
 fn create_array<D: ArrayDescriptor>(
     what: &str,
-    create: Option<unsafe extern "C" fn(*mut CUarray, *const D) -> CUresult>,
+    create: unsafe extern "C" fn(*mut CUarray, *const D) -> CUresult,
     handle: *mut CUarray,
     desc: *const D,
 ) -> CUresult {
-    let Some(f) = create else {
-        return CUresult::NOT_FOUND;
-    };
     // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
     let est = unsafe { desc.as_ref() }.map_or(0, ArrayDescriptor::estimate);
     array_alloc(
@@ -1084,82 +1005,33 @@ fn create_array<D: ArrayDescriptor>(
         est,
         !handle.is_null() && !desc.is_null(),
         // SAFETY: forwarding the caller's arguments unchanged.
-        || unsafe { f(handle, desc) },
+        || unsafe { create(handle, desc) },
         // SAFETY: the driver succeeded and wrote `*handle`.
         || unsafe { *handle },
         destroy_array,
     )
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(
-    handle: *mut CUarray,
-    desc: *const CudaArrayDescriptor,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        create_array(
-            "cuArrayCreate",
-            real::cuArrayCreate_v2.require(),
-            handle,
-            desc,
-        )
-    })
+/// The array creations: `$what` names the family in the log, `$desc` is the descriptor type.
+macro_rules! array_create {
+    ($name:ident, $what:literal, $desc:ty) => {
+        hook! {
+            fn $name(handle: *mut CUarray, desc: *const $desc) -> CUresult;
+            |real_fn| { create_array($what, real_fn, handle, desc) }
+        }
+    };
 }
+array_create!(cuArrayCreate_v2, "cuArrayCreate", CudaArrayDescriptor);
+array_create!(cuArrayCreate, "cuArrayCreate", CudaArrayDescriptorV1);
+array_create!(cuArray3DCreate_v2, "cuArray3DCreate", CudaArray3dDescriptor);
+array_create!(cuArray3DCreate, "cuArray3DCreate", CudaArray3dDescriptorV1);
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate(
-    handle: *mut CUarray,
-    desc: *const CudaArrayDescriptorV1,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        create_array("cuArrayCreate", real::cuArrayCreate.require(), handle, desc)
-    })
-}
-
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(
-    handle: *mut CUarray,
-    desc: *const CudaArray3dDescriptor,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        create_array(
-            "cuArray3DCreate",
-            real::cuArray3DCreate_v2.require(),
-            handle,
-            desc,
-        )
-    })
-}
-
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate(
-    handle: *mut CUarray,
-    desc: *const CudaArray3dDescriptorV1,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        create_array(
-            "cuArray3DCreate",
-            real::cuArray3DCreate.require(),
-            handle,
-            desc,
-        )
-    })
-}
-
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayDestroy(handle: CUarray) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuArrayDestroy.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuArrayDestroy(handle: CUarray) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's argument unchanged.
-        freed(Key::Array(handle as usize), || unsafe { f(handle) })
-    })
+        freed(Key::Array(handle as usize), || unsafe { real_fn(handle) })
+    }
 }
 
 /// Bytes of every level of a mipmapped array (each level halves every non-zero extent).
@@ -1180,17 +1052,13 @@ fn mipmap_bytes(d: &CudaArray3dDescriptor, levels: u32) -> u64 {
     total
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayCreate(
-    handle: *mut CUmipmappedArray,
-    desc: *const CudaArray3dDescriptor,
-    num_mipmap_levels: c_uint,
-) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMipmappedArrayCreate.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMipmappedArrayCreate(
+        handle: *mut CUmipmappedArray,
+        desc: *const CudaArray3dDescriptor,
+        num_mipmap_levels: c_uint,
+    ) -> CUresult;
+    |real_fn| {
         // SAFETY: `desc` is checked for null; per the API it points to a descriptor.
         let est = unsafe { desc.as_ref() }.map_or(0, |d| mipmap_bytes(d, num_mipmap_levels));
         array_alloc(
@@ -1199,29 +1067,25 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
             est,
             !handle.is_null() && !desc.is_null(),
             // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { f(handle, desc, num_mipmap_levels) },
+            || unsafe { real_fn(handle, desc, num_mipmap_levels) },
             // SAFETY: the driver succeeded and wrote `*handle`.
             || unsafe { *handle },
             |h| {
-                if let Some(d) = real::cuMipmappedArrayDestroy.get() {
+                if let Some(d) = cuMipmappedArrayDestroy::REAL.get() {
                     // SAFETY: destroying the array the driver just created.
                     let _ = unsafe { d(h) };
                 }
             },
         )
-    })
+    }
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMipmappedArrayDestroy.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's argument unchanged.
-        freed(Key::Mipmap(handle as usize), || unsafe { f(handle) })
-    })
+        freed(Key::Mipmap(handle as usize), || unsafe { real_fn(handle) })
+    }
 }
 
 // ---- Views ----------------------------------------------------------------------------------
@@ -1253,15 +1117,11 @@ fn mem_info(real_free: u64, real_total: u64) -> Option<(u64, u64)> {
     limited(a.rt, dev, real_free, real_total)
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemGetInfo_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(free, total) };
+        let r = unsafe { real_fn(free, total) };
         if !r.ok() || free.is_null() || total.is_null() {
             return r;
         }
@@ -1276,20 +1136,15 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             unsafe { *free = fr as usize };
         }
         r
-    })
+    }
 }
 
-/// The legacy 32-bit `cuMemGetInfo`.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuMemGetInfo.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// The legacy 32-bit `cuMemGetInfo`.
+    fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(free, total) };
+        let r = unsafe { real_fn(free, total) };
         if !r.ok() || free.is_null() || total.is_null() {
             return r;
         }
@@ -1304,7 +1159,7 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
             unsafe { *free = fr.min(u64::from(u32::MAX)) as c_uint };
         }
         r
-    })
+    }
 }
 
 /// [`reported_total`] for CUDA device `ordinal`, or `None` without a limit.
@@ -1314,15 +1169,11 @@ fn total_mem(ordinal: CUdevice, real_total: u64) -> Option<u64> {
     Some(reported_total(a.rt, a.rt.limit(dev)?, real_total))
 }
 
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuDeviceTotalMem_v2.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(bytes, dev) };
+        let r = unsafe { real_fn(bytes, dev) };
         if !r.ok() || bytes.is_null() {
             return r;
         }
@@ -1332,20 +1183,15 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
             unsafe { *bytes = t as usize };
         }
         r
-    })
+    }
 }
 
-/// The legacy 32-bit `cuDeviceTotalMem`.
-///
-/// cbindgen:ignore
-#[no_mangle]
-pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
-    guard(CUresult::UNKNOWN, || {
-        let Some(f) = real::cuDeviceTotalMem.require() else {
-            return CUresult::NOT_FOUND;
-        };
+hook! {
+    /// The legacy 32-bit `cuDeviceTotalMem`.
+    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult;
+    |real_fn| {
         // SAFETY: forwarding the caller's arguments unchanged.
-        let r = unsafe { f(bytes, dev) };
+        let r = unsafe { real_fn(bytes, dev) };
         if !r.ok() || bytes.is_null() {
             return r;
         }
@@ -1355,7 +1201,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> 
             unsafe { *bytes = t.min(u64::from(u32::MAX)) as c_uint };
         }
         r
-    })
+    }
 }
 
 #[cfg(test)]

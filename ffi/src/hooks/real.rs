@@ -211,7 +211,6 @@ macro_rules! real_fns {
 }
 
 type SizeP = *mut usize;
-type DptrP = *mut CUdeviceptr;
 
 real_fns! { CUDA;
     cuDeviceGet(*mut CUdevice, c_int) -> CUresult;
@@ -226,39 +225,8 @@ real_fns! { CUDA;
     cuArrayGetMemoryRequirements(*mut CudaArrayMemoryRequirements, CUarray, CUdevice) -> CUresult;
     cuMipmappedArrayGetMemoryRequirements(*mut CudaArrayMemoryRequirements, CUmipmappedArray, CUdevice) -> CUresult;
 
-    cuMemAlloc(*mut CUdeviceptrV1, u32) -> CUresult;
-    cuMemAlloc_v2(DptrP, usize) -> CUresult;
-    cuMemAllocPitch(*mut CUdeviceptrV1, *mut u32, u32, u32, u32) -> CUresult;
-    cuMemAllocPitch_v2(DptrP, SizeP, usize, usize, u32) -> CUresult;
-    cuMemFree(CUdeviceptrV1) -> CUresult;
-    cuMemFree_v2(CUdeviceptr) -> CUresult;
-    cuMemAllocManaged(DptrP, usize, u32) -> CUresult;
-    cuMemCreate(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) -> CUresult;
-    cuMemRelease(CUmemGenericAllocationHandle) -> CUresult;
-    cuMemAllocAsync(DptrP, usize, CUstream) -> CUresult;
-    cuMemAllocAsync_ptsz(DptrP, usize, CUstream) -> CUresult;
-    cuMemAllocFromPoolAsync(DptrP, usize, CUmemoryPool, CUstream) -> CUresult;
-    cuMemAllocFromPoolAsync_ptsz(DptrP, usize, CUmemoryPool, CUstream) -> CUresult;
-    cuMemFreeAsync(CUdeviceptr, CUstream) -> CUresult;
-    cuMemFreeAsync_ptsz(CUdeviceptr, CUstream) -> CUresult;
-    cuMemPoolTrimTo(CUmemoryPool, usize) -> CUresult;
-    cuMemPoolCreate(*mut CUmemoryPool, *const CUmemPoolPropsPrefix) -> CUresult;
-    cuMemPoolDestroy(CUmemoryPool) -> CUresult;
     cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
     cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
-    cuArrayCreate(*mut CUarray, *const CudaArrayDescriptorV1) -> CUresult;
-    cuArrayCreate_v2(*mut CUarray, *const CudaArrayDescriptor) -> CUresult;
-    cuArray3DCreate(*mut CUarray, *const CudaArray3dDescriptorV1) -> CUresult;
-    cuArray3DCreate_v2(*mut CUarray, *const CudaArray3dDescriptor) -> CUresult;
-    cuArrayDestroy(CUarray) -> CUresult;
-    cuMipmappedArrayCreate(*mut CUmipmappedArray, *const CudaArray3dDescriptor, u32) -> CUresult;
-    cuMipmappedArrayDestroy(CUmipmappedArray) -> CUresult;
-
-    cuMemGetInfo(*mut u32, *mut u32) -> CUresult;
-    cuMemGetInfo_v2(SizeP, SizeP) -> CUresult;
-    cuDeviceTotalMem(*mut u32, CUdevice) -> CUresult;
-    cuDeviceTotalMem_v2(SizeP, CUdevice) -> CUresult;
-
 
     cuGraphGetNodes(CUgraph, *mut CUgraphNode, SizeP) -> CUresult;
     cuGraphNodeGetType(CUgraphNode, *mut c_int) -> CUresult;

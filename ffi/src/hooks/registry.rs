@@ -2,7 +2,7 @@
 //! version that introduced each ABI and whether it is the per-thread-default-stream (`_ptsz`)
 //! form. `dlsym` looks exact names up here; `cuGetProcAddress` picks a family's variant.
 
-use super::real::{self, Real};
+use super::real::Real;
 use super::types::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 use super::{context, graph, launch, memory, nvml, nvml_procs, procaddr};
 
@@ -59,23 +59,6 @@ macro_rules! v {
     };
 }
 
-/// A variant whose hook is not declared with [`super::hook::hook`] yet: its real slot is in
-/// [`real`].
-macro_rules! vr {
-    ($m:ident :: $f:ident, $since:expr) => {
-        vr!($m::$f, $since, false)
-    };
-    ($m:ident :: $f:ident, $since:expr, $ptsz:expr) => {
-        Variant {
-            name: stringify!($f),
-            hook: $m::$f as *const (),
-            real: &real::$f,
-            since: $since,
-            ptsz: $ptsz,
-        }
-    };
-}
-
 macro_rules! fam {
     ($base:ident: $($v:expr),+ $(,)?) => {
         Family { base: stringify!($base), variants: &[$($v),+] }
@@ -88,31 +71,31 @@ pub static FAMILIES: &[Family] = &[
     fam!(cuGetProcAddress:
         v!(procaddr::cuGetProcAddress, 11030),
         v!(procaddr::cuGetProcAddress_v2, 12000)),
-    fam!(cuMemAlloc: vr!(memory::cuMemAlloc, 2000), vr!(memory::cuMemAlloc_v2, 3020)),
-    fam!(cuMemAllocPitch: vr!(memory::cuMemAllocPitch, 2000), vr!(memory::cuMemAllocPitch_v2, 3020)),
-    fam!(cuMemFree: vr!(memory::cuMemFree, 2000), vr!(memory::cuMemFree_v2, 3020)),
-    fam!(cuMemAllocManaged: vr!(memory::cuMemAllocManaged, 6000)),
-    fam!(cuMemCreate: vr!(memory::cuMemCreate, 10020)),
-    fam!(cuMemRelease: vr!(memory::cuMemRelease, 10020)),
+    fam!(cuMemAlloc: v!(memory::cuMemAlloc, 2000), v!(memory::cuMemAlloc_v2, 3020)),
+    fam!(cuMemAllocPitch: v!(memory::cuMemAllocPitch, 2000), v!(memory::cuMemAllocPitch_v2, 3020)),
+    fam!(cuMemFree: v!(memory::cuMemFree, 2000), v!(memory::cuMemFree_v2, 3020)),
+    fam!(cuMemAllocManaged: v!(memory::cuMemAllocManaged, 6000)),
+    fam!(cuMemCreate: v!(memory::cuMemCreate, 10020)),
+    fam!(cuMemRelease: v!(memory::cuMemRelease, 10020)),
     fam!(cuMemAllocAsync:
-        vr!(memory::cuMemAllocAsync, 11020),
-        vr!(memory::cuMemAllocAsync_ptsz, 11020, true)),
+        v!(memory::cuMemAllocAsync, 11020),
+        v!(memory::cuMemAllocAsync_ptsz, 11020, true)),
     fam!(cuMemAllocFromPoolAsync:
-        vr!(memory::cuMemAllocFromPoolAsync, 11020),
-        vr!(memory::cuMemAllocFromPoolAsync_ptsz, 11020, true)),
+        v!(memory::cuMemAllocFromPoolAsync, 11020),
+        v!(memory::cuMemAllocFromPoolAsync_ptsz, 11020, true)),
     fam!(cuMemFreeAsync:
-        vr!(memory::cuMemFreeAsync, 11020),
-        vr!(memory::cuMemFreeAsync_ptsz, 11020, true)),
-    fam!(cuMemPoolTrimTo: vr!(memory::cuMemPoolTrimTo, 11020)),
-    fam!(cuMemPoolCreate: vr!(memory::cuMemPoolCreate, 11020)),
-    fam!(cuMemPoolDestroy: vr!(memory::cuMemPoolDestroy, 11020)),
-    fam!(cuArrayCreate: vr!(memory::cuArrayCreate, 2000), vr!(memory::cuArrayCreate_v2, 3020)),
-    fam!(cuArray3DCreate: vr!(memory::cuArray3DCreate, 2000), vr!(memory::cuArray3DCreate_v2, 3020)),
-    fam!(cuArrayDestroy: vr!(memory::cuArrayDestroy, 2000)),
-    fam!(cuMipmappedArrayCreate: vr!(memory::cuMipmappedArrayCreate, 5000)),
-    fam!(cuMipmappedArrayDestroy: vr!(memory::cuMipmappedArrayDestroy, 5000)),
-    fam!(cuMemGetInfo: vr!(memory::cuMemGetInfo, 2000), vr!(memory::cuMemGetInfo_v2, 3020)),
-    fam!(cuDeviceTotalMem: vr!(memory::cuDeviceTotalMem, 2000), vr!(memory::cuDeviceTotalMem_v2, 3020)),
+        v!(memory::cuMemFreeAsync, 11020),
+        v!(memory::cuMemFreeAsync_ptsz, 11020, true)),
+    fam!(cuMemPoolTrimTo: v!(memory::cuMemPoolTrimTo, 11020)),
+    fam!(cuMemPoolCreate: v!(memory::cuMemPoolCreate, 11020)),
+    fam!(cuMemPoolDestroy: v!(memory::cuMemPoolDestroy, 11020)),
+    fam!(cuArrayCreate: v!(memory::cuArrayCreate, 2000), v!(memory::cuArrayCreate_v2, 3020)),
+    fam!(cuArray3DCreate: v!(memory::cuArray3DCreate, 2000), v!(memory::cuArray3DCreate_v2, 3020)),
+    fam!(cuArrayDestroy: v!(memory::cuArrayDestroy, 2000)),
+    fam!(cuMipmappedArrayCreate: v!(memory::cuMipmappedArrayCreate, 5000)),
+    fam!(cuMipmappedArrayDestroy: v!(memory::cuMipmappedArrayDestroy, 5000)),
+    fam!(cuMemGetInfo: v!(memory::cuMemGetInfo, 2000), v!(memory::cuMemGetInfo_v2, 3020)),
+    fam!(cuDeviceTotalMem: v!(memory::cuDeviceTotalMem, 2000), v!(memory::cuDeviceTotalMem_v2, 3020)),
     fam!(cuCtxCreate:
         v!(context::cuCtxCreate, 2000),
         v!(context::cuCtxCreate_v2, 3020),
