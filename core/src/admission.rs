@@ -13,7 +13,7 @@
 
 use crate::layout::{ProcSlot, Region};
 use crate::platform::{Platform, Problem};
-use crate::seqlock::{self, Kind};
+use crate::seqlock::{Kind, SlotWriter};
 use crate::sync::{fence, Ordering};
 
 /// Re-checks after a rollback, for reservations that failed only because of a concurrent one.
@@ -132,7 +132,7 @@ pub fn try_reserve_within<P: Platform, const S: usize, const D: usize>(
         return Err(OutOfMemory::TooLarge);
     }
     for _ in 0..=RETRIES {
-        write_reporting(platform, own, slot, |s| seqlock::add(s, dev, kind, bytes));
+        write_reporting(platform, own, slot, |w| w.add(dev, kind, bytes));
         if limit == 0 {
             return Ok(());
         }
@@ -141,7 +141,7 @@ pub fn try_reserve_within<P: Platform, const S: usize, const D: usize>(
         if used <= limit {
             return Ok(());
         }
-        write_reporting(platform, own, slot, |s| seqlock::sub(s, dev, kind, bytes));
+        write_reporting(platform, own, slot, |w| w.sub(dev, kind, bytes));
         fence(Ordering::SeqCst);
         // `others` may include other processes' in-flight reservations, so it can exceed the
         // limit for an instant without anyone having overshot.
@@ -182,9 +182,9 @@ pub fn record<P: Platform, const S: usize, const D: usize>(
     let (Some(own), true) = (region.procs.get(slot), dev < D) else {
         return Err(OutOfMemory::Unregistered);
     };
-    write_reporting(platform, own, slot, |s| {
-        if representable(s, dev, kind, bytes) {
-            seqlock::add(s, dev, kind, bytes);
+    write_reporting(platform, own, slot, |w| {
+        if representable(own, dev, kind, bytes) {
+            w.add(dev, kind, bytes);
             Ok(())
         } else {
             Err(OutOfMemory::TooLarge)
@@ -205,22 +205,23 @@ pub fn release<P: Platform, const S: usize, const D: usize>(
     let (Some(own), true) = (region.procs.get(slot), dev < D) else {
         return;
     };
-    let exact = write_reporting(platform, own, slot, |s| seqlock::sub(s, dev, kind, bytes));
+    let exact = write_reporting(platform, own, slot, |w| w.sub(dev, kind, bytes));
     if !exact {
         platform.report(Problem::Underflow { dev });
     }
 }
 
-/// [`seqlock::write`], reporting a sequence that a vanished writer left odd.
+/// Runs `f` as the slot's writer ([`SlotWriter`]), reporting a sequence that a vanished writer
+/// left odd.
 fn write_reporting<P: Platform, const D: usize, R>(
     platform: &P,
     own: &ProcSlot<D>,
     slot: usize,
-    f: impl FnOnce(&ProcSlot<D>) -> R,
+    f: impl FnOnce(&SlotWriter<'_, D>) -> R,
 ) -> R {
-    let (result, took_over) = seqlock::write(own, f);
-    if took_over {
+    let writer = SlotWriter::begin(own);
+    if writer.took_over() {
         platform.report(Problem::StuckSeqlock { slot });
     }
-    result
+    f(&writer)
 }

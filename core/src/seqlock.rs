@@ -73,56 +73,79 @@ pub struct Usage {
     pub total: u64,
 }
 
-/// Runs `f` as the slot's one writer: sequence odd while it runs, even after. Returns `f`'s
-/// result and whether the writer had to take over a sequence that stayed odd.
-pub fn write<const D: usize, R>(
-    slot: &ProcSlot<D>,
-    f: impl FnOnce(&ProcSlot<D>) -> R,
-) -> (R, bool) {
-    let seq = &slot.seqlock;
-    let mut spins = 0u32;
-    let mut s = seq.load(Ordering::Relaxed);
-    let (begin, took_over) = loop {
-        if s & 1 == 1 {
-            spins += 1;
-            if spins >= WRITE_SPINS {
-                // Keep it odd, but ours: the stale writer is gone.
-                match seq.compare_exchange(s, s + 2, Ordering::Acquire, Ordering::Relaxed) {
-                    Ok(_) => break (s + 2, true),
-                    Err(now) => s = now,
+/// The slot's one writer, as crossbeam-utils' `SeqLockWriteGuard`: the sequence is odd from
+/// [`SlotWriter::begin`] until the guard is dropped, and the counters change only through the
+/// guard's methods, so no write escapes a sequence.
+pub struct SlotWriter<'a, const D: usize> {
+    slot: &'a ProcSlot<D>,
+    /// The even value the sequence takes when the guard is dropped.
+    end: u64,
+    took_over: bool,
+}
+
+impl<'a, const D: usize> SlotWriter<'a, D> {
+    /// Makes the sequence odd (waiting for another writer of this slot, or taking over a
+    /// sequence that stays odd past [`WRITE_SPINS`]: its writer is gone).
+    pub fn begin(slot: &'a ProcSlot<D>) -> Self {
+        let seq = &slot.seqlock;
+        let mut spins = 0u32;
+        let mut s = seq.load(Ordering::Relaxed);
+        let (begin, took_over) = loop {
+            if s & 1 == 1 {
+                spins += 1;
+                if spins >= WRITE_SPINS {
+                    // Keep it odd, but ours: the stale writer is gone.
+                    match seq.compare_exchange(s, s + 2, Ordering::Acquire, Ordering::Relaxed) {
+                        Ok(_) => break (s + 2, true),
+                        Err(now) => s = now,
+                    }
+                    continue;
                 }
+                spin_loop();
+                s = seq.load(Ordering::Relaxed);
                 continue;
             }
-            spin_loop();
-            s = seq.load(Ordering::Relaxed);
-            continue;
+            match seq.compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => break (s + 1, false),
+                Err(now) => s = now,
+            }
+        };
+        fence(Ordering::Release);
+        SlotWriter {
+            slot,
+            end: begin + 1,
+            took_over,
         }
-        match seq.compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => break (s + 1, false),
-            Err(now) => s = now,
-        }
-    };
-    fence(Ordering::Release);
-    let result = f(slot);
-    seq.store(begin + 1, Ordering::Release);
-    (result, took_over)
+    }
+
+    /// Whether this writer took over a sequence that a vanished writer left odd.
+    pub fn took_over(&self) -> bool {
+        self.took_over
+    }
+
+    /// Adds `bytes` of `kind` on `dev`.
+    pub fn add(&self, dev: usize, kind: Kind, bytes: u64) {
+        let mem = &self.slot.used[dev];
+        mem.total.fetch_add(bytes, Ordering::SeqCst);
+        kind.counter(mem).fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Subtracts `bytes` of `kind` on `dev`, saturating at 0; returns false if it had to
+    /// saturate.
+    pub fn sub(&self, dev: usize, kind: Kind, bytes: u64) -> bool {
+        let mem = &self.slot.used[dev];
+        // The total loses only what the kind really had, so an over-large release of one kind
+        // cannot eat another kind's share of the total.
+        let removed = take_up_to(kind.counter(mem), bytes);
+        let total_removed = take_up_to(&mem.total, removed);
+        removed == bytes && total_removed == removed
+    }
 }
 
-/// Adds `bytes` of `kind` on `dev` (caller is the writer, inside [`write()`]).
-pub fn add<const D: usize>(slot: &ProcSlot<D>, dev: usize, kind: Kind, bytes: u64) {
-    let mem = &slot.used[dev];
-    mem.total.fetch_add(bytes, Ordering::SeqCst);
-    kind.counter(mem).fetch_add(bytes, Ordering::Relaxed);
-}
-
-/// Subtracts `bytes` of `kind` on `dev`, saturating at 0; returns false if it had to saturate.
-pub fn sub<const D: usize>(slot: &ProcSlot<D>, dev: usize, kind: Kind, bytes: u64) -> bool {
-    let mem = &slot.used[dev];
-    // The total loses only what the kind really had, so an over-large release of one kind
-    // cannot eat another kind's share of the total.
-    let removed = take_up_to(kind.counter(mem), bytes);
-    let total_removed = take_up_to(&mem.total, removed);
-    removed == bytes && total_removed == removed
+impl<const D: usize> Drop for SlotWriter<'_, D> {
+    fn drop(&mut self) {
+        self.slot.seqlock.store(self.end, Ordering::Release);
+    }
 }
 
 /// Subtracts up to `bytes` from `counter`, never below 0; returns what was subtracted.
@@ -137,8 +160,8 @@ fn take_up_to(counter: &AtomicU64, bytes: u64) -> u64 {
     }
 }
 
-/// Zeroes every device's counters of the slot (caller is the writer, inside [`write()`]).
-pub fn zero<const D: usize>(slot: &ProcSlot<D>) {
+/// Zeroes every device's counters of the slot (inside [`force_zero`]'s odd sequence).
+fn zero<const D: usize>(slot: &ProcSlot<D>) {
     for mem in &slot.used {
         mem.total.store(0, Ordering::Relaxed);
         mem.context_size.store(0, Ordering::Relaxed);

@@ -4,8 +4,8 @@
 //!
 //! Every function here is `extern "C"`, with the C types of upstream's declarations, and:
 //! - never unwinds into C: bodies use no indexing without a bound check, no `unwrap`, no
-//!   overflowing arithmetic, and run inside [`ffi`] (`catch_unwind`) for unwinding builds; the
-//!   library itself is built with `panic = "abort"`;
+//!   overflowing arithmetic, and run inside the hooks' panic boundary (`hooks::guard`), where a
+//!   panic becomes an error code;
 //! - validates every argument: device indices against the region's 16 devices, pids against the
 //!   slot table, pointers against NULL; a bad argument gives the documented error value, never an
 //!   out-of-bounds access (upstream only logs and then indexes anyway, B25);
@@ -25,7 +25,6 @@
 use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
 use std::num::NonZeroU64;
 use std::os::unix::ffi::OsStrExt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -41,7 +40,7 @@ use hami_shm::seqlock::{self, Kind};
 use hami_shm::slots;
 
 use crate::config::UtilPolicy;
-use crate::hooks::devices;
+use crate::hooks::{devices, guard as boundary};
 use crate::log::{self, log_error, log_info, log_warn, Once};
 use crate::platform::{monotonic_ns, LinuxPlatform};
 use crate::runtime::{self, Runtime};
@@ -99,12 +98,6 @@ pub const HAMI_WAIT_STATUS_ALL_MS: i32 = 1_000;
 
 /// The owner-lock guard of the ABI region.
 type Guard = OwnerGuard<'static, LinuxPlatform, ABI_SLOTS, ABI_DEVS>;
-
-/// Runs an exported function's body; a panic becomes `fallback` instead of unwinding into C
-/// (see `hooks::guard`).
-fn ffi<R>(fallback: R, body: impl FnOnce() -> R) -> R {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
@@ -344,7 +337,7 @@ fn unlock_region() -> HamiStatus {
 /// used, the library logs why and accounts within the process only.
 #[no_mangle]
 pub extern "C" fn ensure_initialized() {
-    ffi((), || {
+    boundary((), || {
         if let Some(rt) = rt() {
             let _ = rt.own_slot();
         }
@@ -359,7 +352,7 @@ pub extern "C" fn ensure_initialized() {
 /// that holds it returns at once (still held) with an error log.
 #[no_mangle]
 pub extern "C" fn lock_shrreg() {
-    ffi((), || {
+    boundary((), || {
         match lock_region(ms_to_ns(HAMI_LOCK_SHRREG_TIMEOUT_MS)) {
             HAMI_OK => {}
             HAMI_ALREADY_HELD => log_error!(
@@ -380,7 +373,7 @@ pub extern "C" fn lock_shrreg() {
 /// releases only a lock this process holds (otherwise it logs a warning and does nothing).
 #[no_mangle]
 pub extern "C" fn unlock_shrreg() {
-    ffi((), || {
+    boundary((), || {
         if unlock_region() == HAMI_NOT_HELD && UNLOCK_NOT_HELD.first() {
             log_warn!(
                 "unlock_shrreg: this process does not hold the region lock; nothing released"
@@ -397,7 +390,7 @@ static POSTINIT_HOLDER: AtomicI32 = AtomicI32::new(0);
 /// holder that died keeps it (B18): waiters then give up after the bound.
 #[no_mangle]
 pub extern "C" fn lock_postinit() -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let Some(rt) = rt() else {
             return 0;
         };
@@ -439,7 +432,7 @@ pub extern "C" fn lock_postinit() -> c_int {
 /// (upstream posts unconditionally, which can let two processes in).
 #[no_mangle]
 pub extern "C" fn unlock_postinit() {
-    ffi((), || {
+    boundary((), || {
         let me = getpid();
         let ours = POSTINIT_HOLDER
             .compare_exchange(me, 0, Ordering::Relaxed, Ordering::Relaxed)
@@ -463,7 +456,7 @@ pub extern "C" fn unlock_postinit() {
 /// function takes it itself for at most `HAMI_CLEAR_LOCK_TIMEOUT_MS` (0 if it could not).
 #[no_mangle]
 pub extern "C" fn clear_proc_slot_nolock(do_clear: c_int) -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let Some(rt) = rt() else {
             return 0;
         };
@@ -552,7 +545,7 @@ pub extern "C" fn add_gpu_device_memory_usage(
     usage: usize,
     kind: c_int,
 ) -> c_int {
-    ffi(-1, || record(pid, dev, usage, kind, true))
+    boundary(-1, || record(pid, dev, usage, kind, true))
 }
 
 /// Removes `usage` bytes of `kind` on CUDA device `dev` from the slot of `pid`. Returns 0, or -1
@@ -565,7 +558,7 @@ pub extern "C" fn rm_gpu_device_memory_usage(
     usage: usize,
     kind: c_int,
 ) -> c_int {
-    ffi(-1, || record(pid, dev, usage, kind, false))
+    boundary(-1, || record(pid, dev, usage, kind, false))
 }
 
 fn usage_of(dev: c_int) -> u64 {
@@ -580,19 +573,19 @@ fn usage_of(dev: c_int) -> u64 {
 /// died mid-update (B7, B8); ours does neither.
 #[no_mangle]
 pub extern "C" fn get_gpu_memory_usage(dev: c_int) -> usize {
-    ffi(0, || usage_of(dev) as usize)
+    boundary(0, || usage_of(dev) as usize)
 }
 
 /// Same as `get_gpu_memory_usage`, as `uint64_t`.
 #[no_mangle]
 pub extern "C" fn get_current_device_memory_usage(dev: c_int) -> u64 {
-    ffi(0, || usage_of(dev))
+    boundary(0, || usage_of(dev))
 }
 
 /// The memory limit of region device `dev` in bytes (0 = unlimited); 0 for a bad `dev`.
 #[no_mangle]
 pub extern "C" fn get_current_device_memory_limit(dev: c_int) -> u64 {
-    ffi(0, || match (rt(), region_dev(dev)) {
+    boundary(0, || match (rt(), region_dev(dev)) {
         (Some(rt), Some(d)) => rt.region.limit(d).map_or(0, NonZeroU64::get),
         _ => 0,
     })
@@ -602,7 +595,7 @@ pub extern "C" fn get_current_device_memory_limit(dev: c_int) -> u64 {
 /// -1 for a bad `dev` (upstream writes out of bounds).
 #[no_mangle]
 pub extern "C" fn set_current_device_memory_limit(dev: c_int, newlimit: usize) -> c_int {
-    ffi(-1, || match (rt(), region_dev(dev)) {
+    boundary(-1, || match (rt(), region_dev(dev)) {
         (Some(rt), Some(d)) => {
             log_info!("device {d}: memory limit set to {newlimit} bytes");
             rt.region.set_limit(d, newlimit as u64);
@@ -616,7 +609,7 @@ pub extern "C" fn set_current_device_memory_limit(dev: c_int, newlimit: usize) -
 /// 0 for a bad `dev`.
 #[no_mangle]
 pub extern "C" fn get_current_device_memory_monitor(dev: c_int) -> u64 {
-    ffi(0, || match (rt(), region_dev(dev)) {
+    boundary(0, || match (rt(), region_dev(dev)) {
         (Some(rt), Some(d)) => rt
             .region
             .live_range()
@@ -644,7 +637,7 @@ fn slot_of_hostpid(rt: &'static Runtime, hostpid: i32) -> Option<&'static Shared
 /// match against every slot whose host pid is still unknown, and for a bad `dev`).
 #[no_mangle]
 pub extern "C" fn set_gpu_device_memory_monitor(hostpid: i32, dev: c_int, monitor: usize) -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let (Some(rt), Some(d)) = (rt(), region_dev(dev)) else {
             return 0;
         };
@@ -666,7 +659,7 @@ pub extern "C" fn set_gpu_device_sm_utilization(
     dev: c_int,
     sm_util: c_uint,
 ) -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let (Some(rt), Some(d)) = (rt(), region_dev(dev)) else {
             return 0;
         };
@@ -685,7 +678,7 @@ pub extern "C" fn set_gpu_device_sm_utilization(
 /// caller's algorithm, kept for compatibility). Returns 1 (0 without a region).
 #[no_mangle]
 pub extern "C" fn init_gpu_device_utilization() -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let Some(rt) = rt() else {
             return 0;
         };
@@ -703,7 +696,7 @@ pub extern "C" fn init_gpu_device_utilization() -> c_int {
 /// bounds).
 #[no_mangle]
 pub extern "C" fn get_current_device_sm_limit(dev: c_int) -> c_int {
-    ffi(-1, || match (rt(), region_dev(dev)) {
+    boundary(-1, || match (rt(), region_dev(dev)) {
         (Some(rt), Some(d)) => c_int::try_from(rt.region.sm_limit(d)).unwrap_or(c_int::MAX),
         _ => -1,
     })
@@ -714,7 +707,7 @@ pub extern "C" fn get_current_device_sm_limit(dev: c_int) -> c_int {
 /// Returns 0, or -1 for a bad `dev` or a `scale` below 1.
 #[no_mangle]
 pub extern "C" fn set_current_device_sm_limit_scale(dev: c_int, scale: c_int) -> c_int {
-    ffi(-1, || {
+    boundary(-1, || {
         let (Some(rt), Some(d)) = (rt(), region_dev(dev)) else {
             return -1;
         };
@@ -740,7 +733,7 @@ pub extern "C" fn set_current_device_sm_limit_scale(dev: c_int, scale: c_int) ->
 /// measurement and needs no such step, so nothing else happens.
 #[no_mangle]
 pub extern "C" fn set_host_pid(hostpid: c_int) -> c_int {
-    ffi(-1, || {
+    boundary(-1, || {
         let Some(rt) = rt() else {
             return -1;
         };
@@ -778,7 +771,7 @@ pub extern "C" fn update_host_pid() -> c_int {
 /// another process at any time; hold the region lock while using it, as upstream's watcher does.
 #[no_mangle]
 pub extern "C" fn find_proc_by_hostpid(hostpid: c_int) -> *mut ProcSlot<ABI_DEVS> {
-    ffi(std::ptr::null_mut(), || {
+    boundary(std::ptr::null_mut(), || {
         match rt().and_then(|rt| slot_of_hostpid(rt, hostpid)) {
             // The region is atomics only: C writes through this pointer are like a peer's.
             Some(s) => s as *const SharedProcSlot as *mut SharedProcSlot,
@@ -797,7 +790,7 @@ static LAST_KERNEL_SECOND: AtomicU64 = AtomicU64::new(0);
 /// (upstream's initialiser stores a possibly older value unconditionally).
 #[no_mangle]
 pub extern "C" fn pre_launch_kernel() {
-    ffi((), || {
+    boundary((), || {
         if let Some(rt) = rt() {
             record_kernel_launch(rt);
         }
@@ -825,13 +818,13 @@ pub(crate) fn record_kernel_launch(rt: &Runtime) {
 /// region.
 #[no_mangle]
 pub extern "C" fn get_recent_kernel() -> c_int {
-    ffi(0, || rt().map_or(0, |rt| rt.region.recent_kernel()))
+    boundary(0, || rt().map_or(0, |rt| rt.region.recent_kernel()))
 }
 
 /// Stores `value` into the region's `recent_kernel`. Returns 0 (-1 without a region).
 #[no_mangle]
 pub extern "C" fn set_recent_kernel(value: c_int) -> c_int {
-    ffi(-1, || match rt() {
+    boundary(-1, || match rt() {
         Some(rt) => {
             rt.region.set_recent_kernel(value);
             0
@@ -843,7 +836,7 @@ pub extern "C" fn set_recent_kernel(value: c_int) -> c_int {
 /// The region's task priority (`CUDA_TASK_PRIORITY` of the initialiser); 1 without a region.
 #[no_mangle]
 pub extern "C" fn get_current_priority() -> c_int {
-    ffi(1, || rt().map_or(1, |rt| rt.region.priority()))
+    boundary(1, || rt().map_or(1, |rt| rt.region.priority()))
 }
 
 /// -1: not read yet; else what `set_env_utilization_switch` returned last (0, 1 or 2).
@@ -867,7 +860,7 @@ fn env_util_switch(rt: Option<&'static Runtime>) -> i32 {
 /// otherwise the region's `utilization_switch` (toggled by HAMi's monitor).
 #[no_mangle]
 pub extern "C" fn get_utilization_switch() -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let rt = rt();
         match env_util_switch(rt) {
             1 => 1,
@@ -881,7 +874,7 @@ pub extern "C" fn get_utilization_switch() -> c_int {
 /// `disable`/`DISABLE`, 0 otherwise; `get_utilization_switch` follows the last value read.
 #[no_mangle]
 pub extern "C" fn set_env_utilization_switch() -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let v = match std::env::var_os(crate::config::UTIL_POLICY) {
             Some(s) if s == "force" || s == "FORCE" => 1,
             Some(s) if s == "disable" || s == "DISABLE" => 2,
@@ -919,7 +912,7 @@ fn change_status_all(from: i32, to: i32, sig: c_int) {
 /// slot; C HAMi-core peers also get SIGUSR2, as upstream sends.
 #[no_mangle]
 pub extern "C" fn suspend_all() {
-    ffi((), || {
+    boundary((), || {
         change_status_all(STATUS_RUNNING, STATUS_SUSPENDED, libc::SIGUSR2)
     })
 }
@@ -927,7 +920,7 @@ pub extern "C" fn suspend_all() {
 /// The reverse of `suspend_all` (status 1; SIGUSR1 to C peers), with the same safeguards.
 #[no_mangle]
 pub extern "C" fn resume_all() {
-    ffi((), || {
+    boundary((), || {
         change_status_all(STATUS_SUSPENDED, STATUS_RUNNING, libc::SIGUSR1)
     })
 }
@@ -936,7 +929,7 @@ pub extern "C" fn resume_all() {
 /// (callers loop with a sleep, as upstream's `ENSURE_RUNNING` does).
 #[no_mangle]
 pub extern "C" fn wait_status_self(status: c_int) -> c_int {
-    ffi(-1, || match rt().and_then(own_slot) {
+    boundary(-1, || match rt().and_then(own_slot) {
         Some(s) => c_int::from(s.status_acquire() == status),
         None => -1,
     })
@@ -947,7 +940,7 @@ pub extern "C" fn wait_status_self(status: c_int) -> c_int {
 /// count (upstream's never converges on them, B3a).
 #[no_mangle]
 pub extern "C" fn wait_status_all(status: c_int) -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let Some(rt) = rt() else {
             return 0;
         };
@@ -968,7 +961,7 @@ pub extern "C" fn wait_status_all(status: c_int) -> c_int {
 /// and per device with anything recorded the SM utilisation, NVML-reported and recorded usage.
 #[no_mangle]
 pub extern "C" fn print_all() {
-    ffi((), || {
+    boundary((), || {
         let Some(rt) = rt() else {
             return;
         };
@@ -1002,7 +995,7 @@ pub extern "C" fn print_all() {
 /// its own process group, itself, and pids of other namespaces).
 #[no_mangle]
 pub extern "C" fn active_oom_killer() -> c_int {
-    ffi(0, || {
+    boundary(0, || {
         let Some(rt) = rt() else {
             return 0;
         };
@@ -1039,7 +1032,7 @@ pub extern "C" fn shrreg_minor_version() -> c_int {
 /// (upstream returns NVML's error code there, also non-zero; it is not kept here).
 #[no_mangle]
 pub extern "C" fn init_device_info() -> c_int {
-    ffi(-1, || {
+    boundary(-1, || {
         let Some(rt) = rt() else {
             return -1;
         };
@@ -1080,7 +1073,7 @@ pub extern "C" fn nvml_to_cuda_map(nvmldev: c_uint) -> c_uint {
 
 /// `map` applied to device `dev`, or `HAMI_NO_DEVICE` (also without a region).
 fn map_device(dev: c_uint, map: impl FnOnce(&'static Runtime, usize) -> Option<usize>) -> c_uint {
-    ffi(HAMI_NO_DEVICE, || {
+    boundary(HAMI_NO_DEVICE, || {
         rt().zip(usize::try_from(dev).ok())
             .and_then(|(rt, d)| map(rt, d))
             .and_then(|m| c_uint::try_from(m).ok())
@@ -1107,7 +1100,7 @@ pub unsafe extern "C" fn load_env_from_file(filename: *mut c_char) -> c_int {
     // SAFETY: the caller passes a NUL-terminated string (see # Safety).
     let path = unsafe { CStr::from_ptr(filename) };
     let path = Path::new(OsStr::from_bytes(path.to_bytes()));
-    ffi(-1, || {
+    boundary(-1, || {
         let (pairs, errors) = crate::config::load_override_file(path);
         crate::config::log_diagnostics(&errors);
         if errors.iter().any(|e| {
@@ -1157,7 +1150,7 @@ pub unsafe extern "C" fn comparelwr(s1: *const c_char, s2: *mut c_char) -> c_int
 /// allocating; upstream's check-then-add lets concurrent allocations overshoot (B11).
 #[no_mangle]
 pub extern "C" fn hami_reserve(dev: c_int, bytes: usize, kind: c_int) -> c_int {
-    ffi(HAMI_ERROR, || {
+    boundary(HAMI_ERROR, || {
         let Some(rt) = rt() else {
             return HAMI_ERROR;
         };
@@ -1180,7 +1173,7 @@ pub extern "C" fn hami_reserve(dev: c_int, bytes: usize, kind: c_int) -> c_int {
 /// argument or no slot. Releasing more than is held stops at 0 (logged once).
 #[no_mangle]
 pub extern "C" fn hami_release(dev: c_int, bytes: usize, kind: c_int) -> c_int {
-    ffi(HAMI_ERROR, || {
+    boundary(HAMI_ERROR, || {
         let Some(rt) = rt() else {
             return HAMI_ERROR;
         };
@@ -1200,7 +1193,7 @@ pub extern "C" fn hami_release(dev: c_int, bytes: usize, kind: c_int) -> c_int {
 /// admits against); 0 for a bad `dev`.
 #[no_mangle]
 pub extern "C" fn hami_device_usage(dev: c_int) -> u64 {
-    ffi(0, || {
+    boundary(0, || {
         rt().and_then(|rt| Some(rt.usage(region_dev_of_cuda(rt, dev)?)))
             .unwrap_or(0)
     })
@@ -1213,7 +1206,7 @@ pub extern "C" fn hami_device_usage(dev: c_int) -> u64 {
 /// `unlock_shrreg`), which any thread of this process may call; it is not inherited by fork.
 #[no_mangle]
 pub extern "C" fn hami_lock_region(timeout_ms: c_int) -> c_int {
-    ffi(HAMI_ERROR, || {
+    boundary(HAMI_ERROR, || {
         if timeout_ms < 0 {
             return HAMI_ERROR;
         }
@@ -1226,7 +1219,7 @@ pub extern "C" fn hami_lock_region(timeout_ms: c_int) -> c_int {
 /// this process does not hold it, or `HAMI_ERROR`.
 #[no_mangle]
 pub extern "C" fn hami_unlock_region() -> c_int {
-    ffi(HAMI_ERROR, unlock_region).into()
+    boundary(HAMI_ERROR, unlock_region).into()
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use hami_shm::init::InitError;
 use hami_shm::layout::{ProcSlot, MAGIC};
 use hami_shm::lock::{LockConfig, LockError};
 use hami_shm::platform::Platform;
-use hami_shm::seqlock::{self, Kind};
+use hami_shm::seqlock::{self, Kind, SlotWriter};
 use hami_shm::slots;
 use hami_shm::sync::Ordering;
 
@@ -328,11 +328,12 @@ fn worker(p: &P, cfg: &Config, checks: &Checks) {
                 // that the re-add then pushes over the limit).
                 if let Some(i) = held.iter().position(|(k, _)| *k == Kind::Data) {
                     let bytes = held[i].1;
-                    seqlock::write(own, |s| {
-                        seqlock::add(s, 0, Kind::Context, bytes);
+                    {
+                        let s = SlotWriter::begin(own);
+                        s.add(0, Kind::Context, bytes);
                         p.crash_point();
-                        assert!(seqlock::sub(s, 0, Kind::Data, bytes));
-                    });
+                        assert!(s.sub(0, Kind::Data, bytes));
+                    };
                     held[i].0 = Kind::Context;
                 }
             }

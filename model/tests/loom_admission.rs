@@ -10,7 +10,7 @@ use hami_model::rt::{thread, Arc};
 use hami_model::{model_lock_cfg, Sim, SimProc};
 use hami_shm::admission;
 use hami_shm::layout::Region;
-use hami_shm::seqlock::{self, Kind};
+use hami_shm::seqlock::{Kind, SlotWriter};
 use hami_shm::slots;
 use hami_shm::sync::{fence, Ordering};
 
@@ -83,9 +83,10 @@ fn mutation_admission_check_then_act() {
         if admission::device_usage(r, 0) + bytes > r.raw_limit()[0].load(Ordering::Relaxed) {
             return false;
         }
-        seqlock::write(&r.raw_procs()[slot], |s| {
-            seqlock::add(s, 0, Kind::Data, bytes)
-        });
+        {
+            let s = SlotWriter::begin(&r.raw_procs()[slot]);
+            s.add(0, Kind::Data, bytes)
+        };
         true
     }
     loom::model(|| race::<2>(&[60, 60], check_then_act));
@@ -100,15 +101,17 @@ fn mutation_admission_without_seqcst_fence() {
     fn no_fence(p: &SimProc<2, 1>, slot: usize, bytes: u64) -> bool {
         let r: &Region<2, 1> = p.region();
         let limit = r.raw_limit()[0].load(Ordering::Relaxed);
-        seqlock::write(&r.raw_procs()[slot], |s| {
-            seqlock::add(s, 0, Kind::Data, bytes)
-        });
+        {
+            let s = SlotWriter::begin(&r.raw_procs()[slot]);
+            s.add(0, Kind::Data, bytes)
+        };
         if admission::device_usage(r, 0) <= limit {
             return true;
         }
-        seqlock::write(&r.raw_procs()[slot], |s| {
-            seqlock::sub(s, 0, Kind::Data, bytes)
-        });
+        {
+            let s = SlotWriter::begin(&r.raw_procs()[slot]);
+            s.sub(0, Kind::Data, bytes)
+        };
         false
     }
     loom::model(|| race::<2>(&[60, 60], no_fence));
@@ -121,16 +124,18 @@ fn admission_local_copy_with_fence_passes() {
     fn with_fence(p: &SimProc<2, 1>, slot: usize, bytes: u64) -> bool {
         let r: &Region<2, 1> = p.region();
         let limit = r.raw_limit()[0].load(Ordering::Relaxed);
-        seqlock::write(&r.raw_procs()[slot], |s| {
-            seqlock::add(s, 0, Kind::Data, bytes)
-        });
+        {
+            let s = SlotWriter::begin(&r.raw_procs()[slot]);
+            s.add(0, Kind::Data, bytes)
+        };
         fence(Ordering::SeqCst);
         if admission::device_usage(r, 0) <= limit {
             return true;
         }
-        seqlock::write(&r.raw_procs()[slot], |s| {
-            seqlock::sub(s, 0, Kind::Data, bytes)
-        });
+        {
+            let s = SlotWriter::begin(&r.raw_procs()[slot]);
+            s.sub(0, Kind::Data, bytes)
+        };
         false
     }
     loom::model(|| race::<2>(&[60, 60], with_fence));

@@ -8,7 +8,7 @@ use hami_model::rt::{thread, Arc};
 use hami_model::{model_lock_cfg, ProblemKind, Sim, SimProc};
 use hami_shm::admission;
 use hami_shm::layout::ProcSlot;
-use hami_shm::seqlock::{self, Kind, Usage};
+use hami_shm::seqlock::{self, Kind, SlotWriter, Usage};
 use hami_shm::slots;
 use hami_shm::sync::Ordering;
 
@@ -28,14 +28,16 @@ fn seqlock_reader_sees_consistent_snapshots() {
             let sim = sim.clone();
             thread::spawn(move || {
                 let slot = &sim.region.raw_procs()[0];
-                seqlock::write(slot, |s| {
-                    seqlock::add(s, 0, Kind::Context, 10);
-                    seqlock::add(s, 0, Kind::Data, 5);
-                });
-                seqlock::write(slot, |s| {
-                    assert!(seqlock::sub(s, 0, Kind::Data, 5));
-                    seqlock::add(s, 0, Kind::Module, 5);
-                });
+                {
+                    let s = SlotWriter::begin(slot);
+                    s.add(0, Kind::Context, 10);
+                    s.add(0, Kind::Data, 5);
+                };
+                {
+                    let s = SlotWriter::begin(slot);
+                    assert!(s.sub(0, Kind::Data, 5));
+                    s.add(0, Kind::Module, 5);
+                };
             })
         };
         let (u, ok) = seqlock::read(&sim.region.raw_procs()[0], 0);
@@ -83,13 +85,15 @@ fn seqlock_two_writers_are_exclusive() {
         let spawn_writer = |ctx: u64, data: u64| {
             let sim = sim.clone();
             thread::spawn(move || {
-                seqlock::write(&sim.region.raw_procs()[0], |s| {
-                    seqlock::add(s, 0, Kind::Context, ctx);
+                {
+                    let s = SlotWriter::begin(&sim.region.raw_procs()[0]);
+                    s.add(0, Kind::Context, ctx);
                     // Unprotected load + store: lost if the other writer is inside too.
-                    let v = s.raw_unused()[1].load(Ordering::Relaxed);
-                    s.raw_unused()[1].store(v + 1, Ordering::Relaxed);
-                    seqlock::add(s, 0, Kind::Data, data);
-                });
+                    let unused = sim.region.raw_procs()[0].raw_unused();
+                    let v = unused[1].load(Ordering::Relaxed);
+                    unused[1].store(v + 1, Ordering::Relaxed);
+                    s.add(0, Kind::Data, data);
+                };
             })
         };
         let a = spawn_writer(1, 2);
@@ -159,7 +163,7 @@ fn seqlock_dead_writer_does_not_hang_readers() {
     loom::model(|| {
         let sim = Arc::new(S::new());
         let slot = &sim.region.raw_procs()[0];
-        seqlock::write(slot, |s| seqlock::add(s, 0, Kind::Data, 7));
+        SlotWriter::begin(slot).add(0, Kind::Data, 7);
         // The writer dies inside its next write: odd sequence, half-written counters.
         slot.raw_seqlock().store(3, Ordering::Relaxed);
         slot.raw_used()[0].raw_total().store(9, Ordering::Relaxed);
@@ -208,10 +212,11 @@ fn mutation_seqlock_reader_without_acquire() {
         let writer = {
             let sim = sim.clone();
             thread::spawn(move || {
-                seqlock::write(&sim.region.raw_procs()[0], |s| {
-                    seqlock::add(s, 0, Kind::Context, 10);
-                    seqlock::add(s, 0, Kind::Data, 5);
-                });
+                {
+                    let s = SlotWriter::begin(&sim.region.raw_procs()[0]);
+                    s.add(0, Kind::Context, 10);
+                    s.add(0, Kind::Data, 5);
+                };
             })
         };
         if let Some(u) = bad_read(&sim.region.raw_procs()[0]) {

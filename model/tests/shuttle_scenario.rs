@@ -16,7 +16,7 @@ use hami_model::scenario::{self, Config, Stats, LIMIT, P, S};
 use hami_model::{model_lock_cfg, SimProc};
 use hami_shm::admission;
 use hami_shm::lock;
-use hami_shm::seqlock::{self, Kind};
+use hami_shm::seqlock::{Kind, SlotWriter};
 use hami_shm::sync::Ordering;
 
 mod mutant_lock;
@@ -115,9 +115,10 @@ fn mutation_scenario_check_then_act_admission() {
         if admission::device_usage(r, 0) + bytes > r.raw_limit()[0].load(Ordering::Relaxed) {
             return false;
         }
-        seqlock::write(&r.raw_procs()[slot], |s| {
-            seqlock::add(s, 0, Kind::Data, bytes)
-        });
+        {
+            let s = SlotWriter::begin(&r.raw_procs()[slot]);
+            s.add(0, Kind::Data, bytes)
+        };
         true
     }
     shuttle::check_random(
