@@ -118,9 +118,7 @@ pub fn try_reserve_within<P: Platform, const S: usize, const D: usize>(
     bytes: u64,
     own_limit: u64,
 ) -> Result<(), OutOfMemory> {
-    let (Some(own), true) = (region.procs.get(slot), dev < D) else {
-        return Err(OutOfMemory::Unregistered);
-    };
+    let own = own_slot(region, slot, dev)?;
     let limit = stricter_limit(region.limit[dev].load(Ordering::Relaxed), own_limit);
     if limit != 0 && bytes > limit {
         return Err(OutOfMemory::OverLimit {
@@ -160,6 +158,20 @@ pub fn try_reserve_within<P: Platform, const S: usize, const D: usize>(
     })
 }
 
+/// Slot `slot`, whose counters of device `dev` the caller writes; `Unregistered` if the region
+/// has no such slot or device.
+fn own_slot<const S: usize, const D: usize>(
+    region: &Region<S, D>,
+    slot: usize,
+    dev: usize,
+) -> Result<&ProcSlot<D>, OutOfMemory> {
+    region
+        .procs
+        .get(slot)
+        .filter(|_| dev < D)
+        .ok_or(OutOfMemory::Unregistered)
+}
+
 /// Whether `bytes` more of `kind` on `dev` fit in the slot's 64-bit counters. Only the slot's
 /// writer adds to them, so for the writer the answer holds until it adds.
 fn representable<const D: usize>(slot: &ProcSlot<D>, dev: usize, kind: Kind, bytes: u64) -> bool {
@@ -179,9 +191,7 @@ pub fn record<P: Platform, const S: usize, const D: usize>(
     kind: Kind,
     bytes: u64,
 ) -> Result<(), OutOfMemory> {
-    let (Some(own), true) = (region.procs.get(slot), dev < D) else {
-        return Err(OutOfMemory::Unregistered);
-    };
+    let own = own_slot(region, slot, dev)?;
     write_reporting(platform, own, slot, |w| {
         if representable(own, dev, kind, bytes) {
             w.add(dev, kind, bytes);
@@ -202,7 +212,7 @@ pub fn release<P: Platform, const S: usize, const D: usize>(
     kind: Kind,
     bytes: u64,
 ) {
-    let (Some(own), true) = (region.procs.get(slot), dev < D) else {
+    let Ok(own) = own_slot(region, slot, dev) else {
         return;
     };
     let exact = write_reporting(platform, own, slot, |w| w.sub(dev, kind, bytes));
