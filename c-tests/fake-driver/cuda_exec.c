@@ -627,7 +627,9 @@ static CUresult child_graph(CUgraphNode h, CUgraph *out)
     return CUDA_SUCCESS;
 }
 
-/* cuGraphNodeGetParams: kernel, empty and conditional nodes. */
+/* cuGraphNodeGetParams: kernel, empty and conditional nodes; conditional nodes only from CUDA
+ * 13.2 (FAKE_CUDA_VERSION), as the real driver: cuda.core reads a conditional node's bodies back
+ * "on CUDA 13.2+" only, and the 580 driver (CUDA 13.0) does not report them. */
 static CUresult node_params(CUgraphNode h, CUgraphNodeParams *p)
 {
     FK_REQUIRE_INIT();
@@ -638,7 +640,7 @@ static CUresult node_params(CUgraphNode h, CUgraphNodeParams *p)
     p->type = n->type;
     if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
         p->kernel = n->kernel;
-    else if (n->type == CU_GRAPH_NODE_TYPE_CONDITIONAL)
+    else if (n->type == CU_GRAPH_NODE_TYPE_CONDITIONAL && g_cfg.cuda_version >= 13020)
         p->conditional = n->cond;
     else if (n->type != CU_GRAPH_NODE_TYPE_EMPTY)
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -702,6 +704,18 @@ static CUresult graph_instantiate(CUgraphExec *ph, CUgraph hg)
     e->blocks = exec_blocks(g);
     *ph = (CUgraphExec)e;
     return CUDA_SUCCESS;
+}
+
+/* The legacy five-argument cuGraphInstantiate(_v2): refuses a graph with a conditional node at
+ * its top level, as the 580 driver does (CUDA_ERROR_NOT_SUPPORTED). */
+static CUresult legacy_instantiate(CUgraphExec *ph, CUgraph hg)
+{
+    FK_REQUIRE_INIT();
+    struct fgraph *g = graph_find(hg, 0);
+    for (struct fnode *x = g ? g->nodes : NULL; x; x = x->next)
+        if (x->type == CU_GRAPH_NODE_TYPE_CONDITIONAL)
+            return CUDA_ERROR_NOT_SUPPORTED;
+    return graph_instantiate(ph, hg);
 }
 
 static CUresult instantiate_with_params(CUgraphExec *ph, CUgraph hg, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
@@ -819,6 +833,14 @@ CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphN
     FK_LOCKED(generic_node_add(phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
 }
 
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                           CUgraphNodeParams *nodeParams)
+{
+    (void)dependencyData;
+    FK_LOCKED(generic_node_add(phGraphNode, hGraph, dependencies, numDependencies, nodeParams));
+}
+
 CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
 {
     FK_LOCKED(get_nodes(hGraph, nodes, numNodes));
@@ -845,13 +867,13 @@ CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNod
                             char *logBuffer, size_t bufferSize)
 {
     (void)phErrorNode, (void)logBuffer, (void)bufferSize;
-    FK_LOCKED(graph_instantiate(phGraphExec, hGraph));
+    FK_LOCKED(legacy_instantiate(phGraphExec, hGraph));
 }
 CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
                                char *logBuffer, size_t bufferSize)
 {
     (void)phErrorNode, (void)logBuffer, (void)bufferSize;
-    FK_LOCKED(graph_instantiate(phGraphExec, hGraph));
+    FK_LOCKED(legacy_instantiate(phGraphExec, hGraph));
 }
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
                                      unsigned long long flags)

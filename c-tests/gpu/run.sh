@@ -108,7 +108,7 @@ if [ -x "$bin/t_limit" ]; then
     step resolve 60 CUDA_DEVICE_MEMORY_LIMIT=4g -- "$bin/t_resolve"
     row c-dlsym-procaddr "$verdict" "$detail"
     # A CUDA graph's launch costs its kernels' blocks, counted at instantiation (nested child
-    # graphs and conditional bodies walked through the real driver's node queries).
+    # graphs and conditional bodies; bash c-tests/gpu/graph_probe.sh shows the driver's side).
     step graph 60 CUDA_DEVICE_MEMORY_LIMIT=4g GPU_CORE_UTILIZATION_POLICY=force \
         CUDA_DEVICE_SM_LIMIT=50 -- "$bin/t_graph"
     row c-graph "$verdict" "$detail"

@@ -11,6 +11,8 @@
  *   have to themselves, that is everything).
  * - real_sym(lib, name): the library's own definition of `name`, found in its ELF symbol table,
  *   bypassing dlsym (and so our hooks): for calling the real driver behind libvgpu's back.
+ * - lib_dlsym(lib, name): what glibc's own dlsym answers for `name` in `lib`'s handle, bypassing
+ *   libvgpu's dlsym hook: the address libvgpu's hooks forward to (ffi/src/hooks/real.rs).
  */
 #ifndef HOOKS_COMMON_H
 #define HOOKS_COMMON_H
@@ -208,6 +210,35 @@ static __attribute__((unused)) int region_live_slots(void)
 /* ---------------- the real driver, behind the hooks ---------------- */
 
 /* `name` as defined in the already loaded library `lib` (its .dynsym), or NULL. */
+typedef void *(*dlsym_fn)(void *, const char *);
+
+static __attribute__((unused)) void *lib_dlsym(const char *lib, const char *name)
+{
+    static dlsym_fn glibc_dlsym;
+    /* dlvsym is not hooked; dlsym is in libc from glibc 2.34, in libdl before. */
+    static const char *const where[][2] = {{"libc.so.6", "GLIBC_2.34"},
+                                           {"libdl.so.2", "GLIBC_2.2.5"},
+                                           {"libdl.so.2", "GLIBC_2.17"}};
+    for (size_t i = 0; !glibc_dlsym && i < sizeof where / sizeof where[0]; i++) {
+        void *h = dlopen(where[i][0], RTLD_NOW | RTLD_NOLOAD);
+        if (h)
+            glibc_dlsym = (dlsym_fn)dlvsym(h, "dlsym", where[i][1]);
+    }
+    void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+    return glibc_dlsym && h ? glibc_dlsym(h, name) : NULL;
+}
+
+/* "name+0xoff" for the exported symbol of the library holding `p` at or below it. */
+static __attribute__((unused)) const char *sym_name(const void *p, char *buf, size_t len)
+{
+    Dl_info di;
+    if (p && dladdr(p, &di) && di.dli_sname)
+        snprintf(buf, len, "%s+%#lx", di.dli_sname, (unsigned long)((const char *)p - (const char *)di.dli_saddr));
+    else
+        snprintf(buf, len, "?");
+    return buf;
+}
+
 static __attribute__((unused)) void *real_sym(const char *lib, const char *name)
 {
     void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);

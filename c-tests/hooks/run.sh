@@ -88,6 +88,9 @@ t smlimit 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m -- "$build/t_smlimit
 # child graphs, conditional bodies, every instantiate and update entry point).
 t graph 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m GPU_CORE_UTILIZATION_POLICY=force \
     CUDA_DEVICE_SM_LIMIT=50 -- "$build/t_graph"
+# The same where cuGraphNodeGetParams reports conditional bodies (CUDA 13.2 drivers).
+t graph-13.2 60 CUDA_DEVICE_MEMORY_LIMIT=4g FAKE_CTX_BYTES=64m GPU_CORE_UTILIZATION_POLICY=force \
+    CUDA_DEVICE_SM_LIMIT=50 FAKE_CUDA_VERSION=13020 -- "$build/t_graph"
 # The same on a clock past 2^31 ms (25.5 days of uptime), in a time namespace of its own: the
 # controller lease's expiry wraps at 32 bits, and a wrong comparison there left every device
 # without a controller, unthrottled, on hosts up 24.8 to 49.7 days.

@@ -4,9 +4,12 @@
 //! After a successful instantiation (`cuGraphInstantiate` in its two five-argument ABIs,
 //! `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams(_ptsz)`) the source graph is
 //! walked ([`blocks`]): kernel nodes add their grid's blocks, child-graph nodes their embedded
-//! graph's, conditional nodes (CUDA 12.3) their largest body graph once, where the driver can
-//! say what the bodies are (`cuGraphNodeGetParams`, CUDA 13.2; on older drivers a conditional
-//! node counts nothing). The sum, saturating, is recorded for the executable graph
+//! graph's, conditional nodes (CUDA 12.3) their largest body graph once. A conditional node's
+//! bodies are what `cuGraphNodeGetParams` reports (drivers of CUDA 13.2 and later), else what
+//! the driver wrote to `phGraph_out` when the node was added: `cuGraphAddNode(_v2)` record them
+//! ([`table::set_conditional`]) and `cuGraphDestroy` forgets them with the graph. A conditional
+//! node neither reports nor was seen added (one in a graph copied by `cuGraphClone`) counts
+//! nothing. The sum, saturating, is recorded for the executable graph
 //! (`table::set_graph_blocks`); `cuGraphLaunch(_ptsz)` looks it up, and an executable graph
 //! instantiated before the library saw it costs one block as before. `cuGraphExecUpdate(_v2)`
 //! recounts from the graph it copied the parameters from; `cuGraphExecDestroy` forgets.
@@ -59,8 +62,8 @@ pub(crate) trait Graphs {
     type Node: Copy;
     /// The nodes of `g` (none if it cannot be read), at most `max` of them.
     fn nodes(&self, g: Self::Graph, max: usize) -> Vec<Self::Node>;
-    /// What node `n` runs.
-    fn node(&self, n: Self::Node) -> Node<Self::Graph>;
+    /// What node `n` of graph `g` runs.
+    fn node(&self, g: Self::Graph, n: Self::Node) -> Node<Self::Graph>;
 }
 
 /// The blocks one launch of `root` runs: its kernels' blocks, its child graphs' recursively, the
@@ -82,7 +85,7 @@ fn walk<S: Graphs>(src: &S, g: S::Graph, depth: usize, budget: &mut usize) -> u6
             break;
         }
         *budget -= 1;
-        let b = match src.node(n) {
+        let b = match src.node(g, n) {
             Node::Kernel(b) => b,
             Node::Child(c) => walk(src, c, depth + 1, budget),
             Node::Conditional(bodies) => bodies
@@ -122,23 +125,26 @@ impl Driver {
         (r.ok() && !g.is_null()).then_some(g)
     }
 
-    /// The body graphs of conditional node `n`, where the driver reports them.
-    fn bodies(n: CUgraphNode) -> Vec<CUgraph> {
-        let Some(get) = real::cuGraphNodeGetParams.get() else {
-            return Vec::new();
-        };
+    /// The body graphs of conditional node `n` of graph `g`: as the driver reports them, else
+    /// as recorded when the node was added.
+    fn bodies(g: CUgraph, n: CUgraphNode) -> Vec<CUgraph> {
         let mut p = CUgraphNodeParams::zeroed();
-        // SAFETY: `p` is a writable, zeroed CUgraphNodeParams.
-        let r = unsafe { get(n, &mut p) };
-        let c = p.conditional;
-        if !r.ok() || p.type_ != CU_GRAPH_NODE_TYPE_CONDITIONAL || c.ph_graph_out.is_null() {
-            return Vec::new();
+        let reported = real::cuGraphNodeGetParams.get().is_some_and(|get| {
+            // SAFETY: `p` is a writable, zeroed CUgraphNodeParams.
+            unsafe { get(n, &mut p) }.ok()
+        });
+        if reported {
+            // SAFETY: the driver's array, valid while the node lives (the caller's graph holds
+            // it until its instantiation returns).
+            let graphs = unsafe { body_graphs(&p) };
+            if !graphs.is_empty() {
+                return graphs;
+            }
         }
-        let len = (c.size as usize).min(MAX_BODIES);
-        // SAFETY: the driver's array of `size` body graphs, valid while the node lives (the
-        // caller's graph holds it until its instantiation returns); `len` is at most `size`.
-        let graphs = unsafe { std::slice::from_raw_parts(c.ph_graph_out, len) };
-        graphs.iter().copied().filter(|g| !g.is_null()).collect()
+        table::conditional(n as usize, g as usize)
+            .into_iter()
+            .map(|b| b as CUgraph)
+            .collect()
     }
 }
 
@@ -168,7 +174,7 @@ impl Graphs for Driver {
         v
     }
 
-    fn node(&self, n: CUgraphNode) -> Node<CUgraph> {
+    fn node(&self, g: CUgraph, n: CUgraphNode) -> Node<CUgraph> {
         let Some(get_type) = real::cuGraphNodeGetType.get() else {
             return Node::Other;
         };
@@ -180,23 +186,63 @@ impl Graphs for Driver {
         match t {
             CU_GRAPH_NODE_TYPE_KERNEL => Self::kernel_blocks(n).map_or(Node::Other, Node::Kernel),
             CU_GRAPH_NODE_TYPE_GRAPH => Self::child(n).map_or(Node::Other, Node::Child),
-            CU_GRAPH_NODE_TYPE_CONDITIONAL => Node::Conditional(Self::bodies(n)),
+            CU_GRAPH_NODE_TYPE_CONDITIONAL => Node::Conditional(Self::bodies(g, n)),
             _ => Node::Other,
         }
     }
 }
 
+/// The non-null body graphs of conditional parameters `p` (none for other node types).
+///
+/// # Safety
+/// Where `p` is a conditional node's and `phGraph_out` is not null, it points to `size` graphs.
+unsafe fn body_graphs(p: &CUgraphNodeParams) -> Vec<CUgraph> {
+    let c = p.conditional;
+    if p.type_ != CU_GRAPH_NODE_TYPE_CONDITIONAL || c.ph_graph_out.is_null() {
+        return Vec::new();
+    }
+    let len = (c.size as usize).min(MAX_BODIES);
+    // SAFETY: `size` graphs (the caller's contract), of which `len` are read.
+    let graphs = unsafe { std::slice::from_raw_parts(c.ph_graph_out, len) };
+    graphs.iter().copied().filter(|g| !g.is_null()).collect()
+}
+
+/// Whether this process has an SM limit (starting the limiter on first use).
+fn limited() -> bool {
+    let Some(rt) = crate::runtime::get() else {
+        return false;
+    };
+    super::launch::start_limiter(rt);
+    crate::sm_limit::any_limited()
+}
+
 /// Records what a launch of `exec` runs, from `graph` (just instantiated into it, or copied into
 /// it by an update), if this process has an SM limit.
 fn count(exec: CUgraphExec, graph: CUgraph) {
-    let Some(rt) = crate::runtime::get() else {
+    if !exec.is_null() && limited() {
+        table::set_graph_blocks(exec as usize, blocks(&Driver, graph));
+    }
+}
+
+/// After a successful `cuGraphAddNode(_v2)`: if it added a conditional node, records the body
+/// graphs the driver wrote to `phGraph_out` (for drivers whose `cuGraphNodeGetParams` does not
+/// report them), if this process has an SM limit.
+fn record_bodies(out: *mut CUgraphNode, graph: CUgraph, params: *const CUgraphNodeParams) {
+    // SAFETY: the real call succeeded, so it read a CUgraphNodeParams at `params` and wrote the
+    // new node through `out` (both null-checked).
+    let (Some(p), Some(&node)) = (unsafe { params.as_ref() }, unsafe { out.as_ref() }) else {
         return;
     };
-    super::launch::start_limiter(rt);
-    if exec.is_null() || !crate::sm_limit::any_limited() {
+    if node.is_null() || p.type_ != CU_GRAPH_NODE_TYPE_CONDITIONAL || !limited() {
         return;
     }
-    table::set_graph_blocks(exec as usize, blocks(&Driver, graph));
+    // SAFETY: the driver filled `phGraph_out` with `size` graphs as it added the node.
+    let bodies = unsafe { body_graphs(p) };
+    table::set_conditional(
+        node as usize,
+        graph as usize,
+        bodies.into_iter().map(|b| b as usize).collect(),
+    );
 }
 
 /// The blocks a launch of `exec` runs, as counted when it was instantiated; `None` for an
@@ -250,6 +296,53 @@ counting!(exec cuGraphExecUpdate(exec: CUgraphExec, error_node: NodeOut, result:
 counting!(exec cuGraphExecUpdate_v2(exec: CUgraphExec, result_info: *mut c_void));
 
 hook! {
+    fn cuGraphAddNode(
+        out: NodeOut,
+        graph: CUgraph,
+        deps: *const CUgraphNode,
+        ndeps: usize,
+        params: *mut CUgraphNodeParams,
+    ) -> CUresult;
+    |real_fn| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { real_fn(out, graph, deps, ndeps, params) };
+        if r.ok() {
+            record_bodies(out, graph, params);
+        }
+        r
+    }
+}
+
+hook! {
+    fn cuGraphAddNode_v2(
+        out: NodeOut,
+        graph: CUgraph,
+        deps: *const CUgraphNode,
+        edge_data: *const c_void,
+        ndeps: usize,
+        params: *mut CUgraphNodeParams,
+    ) -> CUresult;
+    |real_fn| {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        let r = unsafe { real_fn(out, graph, deps, edge_data, ndeps, params) };
+        if r.ok() {
+            record_bodies(out, graph, params);
+        }
+        r
+    }
+}
+
+hook! {
+    fn cuGraphDestroy(graph: CUgraph) -> CUresult;
+    |real_fn| {
+        // Before the real call, as for cuGraphExecDestroy: the driver may reuse the handles.
+        table::forget_conditionals(graph as usize);
+        // SAFETY: forwarding the caller's argument unchanged.
+        unsafe { real_fn(graph) }
+    }
+}
+
+hook! {
     fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult;
     |real_fn| {
         // Before the real call: once it returns, the driver may hand the same handle to another
@@ -294,7 +387,7 @@ mod tests {
             v.truncate(max);
             v
         }
-        fn node(&self, n: usize) -> Node<u32> {
+        fn node(&self, _g: u32, n: usize) -> Node<u32> {
             self.nodes[n].clone()
         }
     }

@@ -6,9 +6,11 @@
 //! is replaced by our hook *of the same ABI*: the variant whose real address the driver returned
 //! (`cuMemAlloc` at `cudaVersion` 3020 or later is `cuMemAlloc_v2`; with
 //! `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`, `cuLaunchKernel` is `cuLaunchKernel_ptsz`).
-//! Only when the driver's pointer is none of the exported variants does our version table decide
-//! ([`registry::choose`]). Asking for `cuGetProcAddress` itself returns our hook, so entry points
-//! fetched through the returned pointer are hooked too.
+//! Only when the driver's pointer is none of the exported variants (the 580 driver's answer for
+//! `cuGraphInstantiate` at 12000) does the request decide ([`registry::choose`]): the base name
+//! gets our version table's ABI, an exact variant name that variant; the hook then forwards to the
+//! driver's export of that ABI, not to the unexported pointer. Asking for `cuGetProcAddress`
+//! itself returns our hook, so entry points fetched through the returned pointer are hooked too.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 

@@ -135,6 +135,10 @@ pub static FAMILIES: &[Family] = &[
         v!(graph::cuGraphExecUpdate, 10020),
         v!(graph::cuGraphExecUpdate_v2, 12000)),
     fam!(cuGraphExecDestroy: v!(graph::cuGraphExecDestroy, 10000)),
+    // CUDA 13.0 gave the base name `cuGraphAddNode` the ABI of `cuGraphAddNode_v2` (12.3, with
+    // edge data).
+    fam!(cuGraphAddNode: v!(graph::cuGraphAddNode, 12020), v!(graph::cuGraphAddNode_v2, 13000)),
+    fam!(cuGraphDestroy: v!(graph::cuGraphDestroy, 10000)),
     fam!(nvmlDeviceGetMemoryInfo: v!(nvml::nvmlDeviceGetMemoryInfo, 0)),
     fam!(nvmlDeviceGetMemoryInfo_v2: v!(nvml::nvmlDeviceGetMemoryInfo_v2, 0)),
     fam!(nvmlDeviceGetComputeRunningProcesses:
@@ -205,8 +209,11 @@ fn by_version<'a>(
 
 /// Which of `family`'s hooks replaces the pointer `got` that the real `cuGetProcAddress`
 /// returned for `requested`. The variant whose real address is `got` (the driver's own choice of
-/// ABI) wins; if several share it, the version rule decides among them; if none does (a driver
-/// that returns an unexported entry point), an exact variant name, else the version rule.
+/// ABI) wins; if several share it, the version rule decides among them. If none does (a driver
+/// that returns an unexported entry point), the ABI follows from the request: an exact variant
+/// name is that variant, the base name the version rule's variant (`cuGraphInstantiate` at 12000
+/// is `cuGraphInstantiateWithFlags`'s three-argument ABI, not the five-argument export of the
+/// same name).
 pub fn choose(
     family: &'static Family,
     requested: &[u8],
@@ -217,11 +224,13 @@ pub fn choose(
     let matching = family.variants.iter().filter(|v| v.real.addr() == got);
     match matching.clone().count() {
         1 => matching.clone().next(),
+        0 if family.base.as_bytes() == requested => {
+            by_version(family.variants.iter(), version, flags)
+        }
         0 => family
             .variants
             .iter()
-            .find(|v| v.name.as_bytes() == requested)
-            .or_else(|| by_version(family.variants.iter(), version, flags)),
+            .find(|v| v.name.as_bytes() == requested),
         _ => by_version(matching.clone(), version, flags).or_else(|| matching.clone().next_back()),
     }
 }
@@ -245,6 +254,34 @@ mod tests {
         }
         assert!(hook_address(b"cuMemcpy").is_none());
         assert!(hook_address(b"malloc").is_none());
+    }
+
+    #[test]
+    fn an_unexported_answer_gets_the_abi_of_the_request() {
+        // An address no export has: the driver answered with an internal entry point.
+        let got = 0x1000;
+        let f = family_of(b"cuGraphInstantiate").unwrap();
+        let pick = |name: &[u8], version| choose(f, name, got, version, 0).map(|v| v.name);
+        assert_eq!(
+            pick(b"cuGraphInstantiate", 12000),
+            Some("cuGraphInstantiateWithFlags")
+        );
+        assert_eq!(
+            pick(b"cuGraphInstantiate", 11000),
+            Some("cuGraphInstantiate_v2")
+        );
+        assert_eq!(
+            pick(b"cuGraphInstantiate", 10000),
+            Some("cuGraphInstantiate")
+        );
+        assert_eq!(
+            pick(b"cuGraphInstantiate_v2", 12000),
+            Some("cuGraphInstantiate_v2")
+        );
+        assert_eq!(
+            pick(b"cuGraphInstantiateWithFlags", 12080),
+            Some("cuGraphInstantiateWithFlags")
+        );
     }
 
     #[test]

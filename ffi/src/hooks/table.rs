@@ -1,7 +1,8 @@
 //! What this process allocated and has not freed yet: pointer (or handle) → region device,
 //! accounted bytes, owning context. A free looks its record up to release exactly what the
 //! allocation reserved, on the device it reserved it on, whatever the current device is then.
-//! Beside them, the stream-ordered pools' models and the block count of each executable graph.
+//! Beside them, the stream-ordered pools' models, the block count of each executable graph and
+//! the body graphs of the conditional nodes seen added.
 //!
 //! Sixteen shards, each a short spin lock over a hash map, so threads allocating at once rarely
 //! meet; a critical section is one map operation. A fork copies the maps in whatever state the
@@ -212,6 +213,54 @@ pub(crate) fn forget_graph(exec: usize) {
     GRAPHS.with(|m| m.remove(&exec));
 }
 
+/// A conditional node's graph and its body graphs, as the driver gave them when it added the node.
+struct Conditional {
+    graph: usize,
+    bodies: Vec<usize>,
+}
+
+/// Conditional node (`CUgraphNode`) → [`Conditional`] (`super::graph`).
+type ConditionalMap = HashMap<usize, Conditional, BuildHasherDefault<KeyHasher>>;
+
+static CONDITIONALS: Locked<ConditionalMap> =
+    Locked::new(HashMap::with_hasher(BuildHasherDefault::new()));
+
+/// Most conditional nodes recorded at once; past it new ones are not (and count nothing).
+const MAX_CONDITIONALS: usize = 1 << 16;
+
+/// Records that conditional node `node`, just added to `graph`, has the body graphs `bodies`.
+pub(crate) fn set_conditional(node: usize, graph: usize, bodies: Vec<usize>) {
+    CONDITIONALS.with(|m| {
+        if m.len() < MAX_CONDITIONALS || m.contains_key(&node) {
+            m.insert(node, Conditional { graph, bodies });
+        }
+    });
+}
+
+/// The body graphs recorded for conditional node `node` of `graph` (none if it was recorded in
+/// another graph: a handle the driver reused).
+pub(crate) fn conditional(node: usize, graph: usize) -> Vec<usize> {
+    CONDITIONALS.with(|m| match m.get(&node) {
+        Some(c) if c.graph == graph => c.bodies.clone(),
+        _ => Vec::new(),
+    })
+}
+
+/// Forgets the conditional nodes of `graph` (destroyed), and those of their bodies, recursively.
+pub(crate) fn forget_conditionals(graph: usize) {
+    CONDITIONALS.with(|m| {
+        let mut gone = vec![graph];
+        while let Some(g) = gone.pop() {
+            m.retain(|_, c| {
+                if c.graph == g {
+                    gone.extend_from_slice(&c.bodies);
+                }
+                c.graph != g
+            });
+        }
+    });
+}
+
 fn shard(key: &Key) -> &'static Shard {
     use std::hash::BuildHasher;
     let h = BuildHasherDefault::<KeyHasher>::new().hash_one(key);
@@ -274,6 +323,7 @@ pub fn remove_context(ctx: usize, mut release: impl FnMut(Key, Record)) {
 
 /// Takes every lock of the tables across `fork` (released by the after-fork handlers).
 pub(crate) fn before_fork() {
+    CONDITIONALS.hold();
     GRAPHS.hold();
     POOLS.hold();
     for s in &TABLE {
@@ -288,6 +338,7 @@ pub(crate) fn after_fork_parent() {
     }
     POOLS.release();
     GRAPHS.release();
+    CONDITIONALS.release();
 }
 
 /// Empties the tables and releases what [`before_fork`] took, in the child (`clear` keeps the
@@ -298,4 +349,30 @@ pub(crate) fn after_fork_child() {
         s.reset_in_child(|m| m.clear());
     }
     GRAPHS.reset_in_child(|m| m.clear());
+    CONDITIONALS.reset_in_child(|m| m.clear());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditionals_are_forgotten_with_their_graph_and_its_bodies() {
+        let (root, body, nested, other) = (0x7001_0000, 0x7001_1000, 0x7001_2000, 0x7001_3000);
+        set_conditional(0x7002_0000, root, vec![body]);
+        set_conditional(0x7002_1000, body, vec![nested]);
+        set_conditional(0x7002_2000, other, vec![0x7001_4000]);
+        assert_eq!(conditional(0x7002_0000, root), vec![body]);
+        assert!(
+            conditional(0x7002_0000, other).is_empty(),
+            "the handle in another graph"
+        );
+        forget_conditionals(root);
+        assert!(conditional(0x7002_0000, root).is_empty());
+        assert!(
+            conditional(0x7002_1000, body).is_empty(),
+            "a conditional node in a body"
+        );
+        assert_eq!(conditional(0x7002_2000, other), vec![0x7001_4000]);
+    }
 }
