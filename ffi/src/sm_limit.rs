@@ -139,6 +139,18 @@ fn priority_gate(rt: &Runtime) {
     let _ = rt.region.mark_kernel_active(seen, ACTIVE);
 }
 
+/// Marks the container active while its launches wait on the limit: they are work, and a
+/// pause before a re-measurement launches nothing for 0.6 s or more. HAMi's monitor counts a
+/// container that marked nothing since its last tick as idle and turns every container's limit
+/// off, so the re-measurement counted no launch (t_monitor's port ticks every 0.5 s; in one run
+/// in four a container kept its halved first measurement). Never over a -1 (as the gate).
+fn keep_active(rt: &Runtime) {
+    let seen = rt.region.kernel_gate();
+    if (0..ACTIVE).contains(&seen) {
+        let _ = rt.region.mark_kernel_active(seen, ACTIVE);
+    }
+}
+
 fn controller_loop(rt: &'static Runtime, mask: u32) {
     let mut controllers: [Option<Controller>; ABI_DEVS] = [None; ABI_DEVS];
     let mut last_spent = [0u64; ABI_DEVS];
@@ -178,6 +190,9 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 );
             }
             let starved = bucket::held_back(b, now);
+            if starved {
+                keep_active(rt);
+            }
             let limit = rt.region.sm_limit(dev);
             let c = controllers[dev]
                 .get_or_insert_with(|| Controller::resume(limit, b.rate(), u64::from(me)));
