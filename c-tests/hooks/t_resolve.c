@@ -164,9 +164,10 @@ int main(void)
     }
     /* The driver's own answers, behind our hook. The hook that wraps exactly the driver's answer
      * is that of the export at that address (what libvgpu's hooks forward to is the driver's
-     * dlsym answer, lib_dlsym). A driver may answer a base name with its export of that name
-     * (then the hook of the requested name is right: a hook forwards every argument register
-     * unchanged, whatever ABI the caller used), or with an entry point it does not export (then
+     * dlsym answer, lib_dlsym). A driver may answer a base name with one of its hooked exports
+     * (driver 580 answers cuGraphInstantiate at 12000 with cuGraphInstantiate_v2; then that
+     * export's hook is right: a hook forwards every argument register unchanged, whatever ABI
+     * the caller used), or with an entry point it does not export (then
      * the library can only forward to the export of the same ABI: the hook `expect` names). */
     gpa2_fn real_gpa2 = (gpa2_fn)real_sym("libcuda.so.1", "cuGetProcAddress_v2");
     for (int i = 0; i < n; i++) {
@@ -177,10 +178,14 @@ int main(void)
         if (cases[i].expect && real_gpa2 &&
             real_gpa2(cases[i].sym, &own, cases[i].version, cases[i].flags, &own_st) == CUDA_SUCCESS &&
             own && own != lib_dlsym("libcuda.so.1", cases[i].expect)) {
-            if (own == lib_dlsym("libcuda.so.1", cases[i].sym)) {
-                want = hook(cases[i].sym);
+            const char *export = NULL;
+            for (int j = 0; hooked[j] && !export; j++)
+                if (own == lib_dlsym("libcuda.so.1", hooked[j]))
+                    export = hooked[j];
+            if (export) {
+                want = hook(export);
                 INFO("the driver answers %s at %d with its export %s, not %s's",
-                     cases[i].sym, cases[i].version, cases[i].sym, cases[i].expect);
+                     cases[i].sym, cases[i].version, export, cases[i].expect);
             } else {
                 INFO("the driver answers %s at %d with %p (%s), not an export of %s or %s (%p)",
                      cases[i].sym, cases[i].version, own, sym_name(own, b1, sizeof b1),
