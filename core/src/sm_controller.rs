@@ -96,8 +96,11 @@ const FAIR_SHARE: f64 = 0.5;
 /// Pause readings further apart than this (a share of the device's time) are not used: another
 /// container started or ended a measurement meanwhile.
 const UNSTEADY: f64 = 0.1;
-/// See [`FIRST_CHECK_MAX`].
-pub const QUIET_PAUSES: u32 = 2;
+/// See [`FIRST_CHECK_MAX`]. Three, not two: two containers whose limits HAMi's monitor turns on
+/// at one tick start measuring together, and now and then draw the same spacing twice running;
+/// with two, both then kept their halved first measurements for good (`t_monitor`: one run in
+/// 42).
+pub const QUIET_PAUSES: u32 = 3;
 /// Pause readings kept: the largest of them stands for the other containers' share (one pause
 /// may have fallen on another container's own pause).
 const OTHERS_KEPT: usize = 3;
@@ -281,8 +284,8 @@ pub struct Controller {
     full_rate: Option<f64>,
     phase: Phase,
     idle_steps: u32,
-    /// Whether the next re-measurement is paused (where others hold the device): until pauses
-    /// have twice found it quiet, and while it is shared.
+    /// Whether the next re-measurement is paused (where others hold the device): until
+    /// [`QUIET_PAUSES`] in a row found it quiet, and while it is shared.
     pause_next: bool,
     /// Metered steps until the next paused re-measurement (while held back).
     next_check: u32,
@@ -1186,25 +1189,50 @@ mod tests {
     /// t_monitor asks. A pause launches nothing for 0.6 s, long enough for a tick to find the
     /// container idle and turn both limits off, so that its re-measurement counts nothing:
     /// counting only launches as active here (what libvgpu gave the monitor before it marked
-    /// launches held back as activity) fails 35 of the 60 seeds, most at the halved first
-    /// measurement (13.2%).
+    /// launches held back as activity) fails 4 of the 60 seeds, and 35 (most at the halved first
+    /// measurement, 13.2%) with the controller's rules before the retry of a re-measurement that
+    /// counted nothing, the re-check after a quiet pause and the third quiet pause.
     #[test]
     fn a_container_joining_later_under_hamis_monitor_gets_its_share() {
         for seed in SEEDS {
-            let mut gpu = SharedGpu::new(&[Some(25), Some(25)], seed);
-            gpu.monitor_tick_ms = 500;
-            gpu.tenants[1].demand = 0.0;
-            gpu.run(50);
-            let alone = gpu.share(0, 10);
+            let gpu = joining_later_under_hamis_monitor(seed);
+            let alone = mean(&gpu.tenants[0].shares[10..50]);
             assert!(alone >= 99.0, "seed {seed}: {alone:.1}% alone, unlimited");
-            gpu.tenants[1].demand = 5.0;
-            gpu.run(140);
             for i in 0..2 {
                 let share = gpu.share(i, 120);
                 assert!(
                     (share - 25.0).abs() <= 3.0,
                     "seed {seed}: container {i} got {share:.1}% under the monitor"
                 );
+            }
+        }
+    }
+
+    /// Container 0 alone for 10 s, then both for 28 s, under HAMi's monitor.
+    fn joining_later_under_hamis_monitor(seed: u64) -> SharedGpu {
+        let mut gpu = SharedGpu::new(&[Some(25), Some(25)], seed);
+        gpu.monitor_tick_ms = 500;
+        gpu.tenants[1].demand = 0.0;
+        gpu.run(50);
+        gpu.tenants[1].demand = 5.0;
+        gpu.run(140);
+        gpu
+    }
+
+    /// Two containers whose limits the monitor turns on at one tick measure together, and their
+    /// first paused checks draw their spacing from their own random streams; now and then both
+    /// draw the same twice running, so that both pairs of checks fall together and read the
+    /// other's pause as a quiet device. None of 2000 seeds stays at its halved first measurement
+    /// (below 15% over the 14 s from 14 s after the second joined). Mutation: ending the checks
+    /// after two quiet pauses (not three) leaves 8 of the 2000 at 12.4% for good, as t_monitor
+    /// did once in 42 runs.
+    #[test]
+    fn checks_that_fall_together_twice_go_on() {
+        for seed in 1..2001 {
+            let gpu = joining_later_under_hamis_monitor(seed);
+            for i in 0..2 {
+                let share = gpu.share(i, 120);
+                assert!(share >= 15.0, "seed {seed}: container {i} got {share:.1}%");
             }
         }
     }
