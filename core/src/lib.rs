@@ -14,6 +14,7 @@
 //! - [`seqlock`]: per-slot accounting writer and reader.
 //! - [`admission`]: reserve/release against the limit across processes.
 //! - [`bucket`]: the region-wide SM token bucket and its controller.
+//! - [`workload`]: notices when a program's kernels change (the controller measures again).
 //! - [`context`]: admitting a CUDA context at its real cost, learnt once per device.
 //! - [`fields`]: the named operations on single fields, the inspector's header.
 //! - [`host_pid`]: claiming a host pid in a slot, never by two live slots.
@@ -39,3 +40,4 @@ pub mod slots;
 pub mod sm_controller;
 pub mod sync;
 pub mod validate;
+pub mod workload;

@@ -10,6 +10,7 @@
 //! next is then scaled up by the time those others took ([`Controller`]).
 
 use crate::bucket::tokens_in;
+use crate::workload::{KernelSet, Watch};
 
 /// What the controller saw over one period.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,6 +31,8 @@ pub struct Sample {
     /// Whether processes outside the container hold the device (NVML lists them, or the
     /// device's memory in use exceeds the container's): only then can a pause tell anything.
     pub others_present: bool,
+    /// The kernels launched during the period ([`crate::workload`]); empty where unknown.
+    pub kernels: KernelSet,
 }
 
 /// What the controller sets: the refill rate (0 = unmetered) and whether starting to meter
@@ -308,6 +311,10 @@ pub struct Controller {
     /// What re-measurements took beyond the limit's share of their time (negative: fell short
     /// of it), in points of the limit times steps, still to be paid back.
     owed: f64,
+    /// The kernels launched lately, and whether they changed since the last measurement that
+    /// was used: the work cap is in blocks, and the new work's blocks may cost more or less.
+    watch: Watch,
+    work_changed: bool,
     /// State of the generator of random step counts.
     seed: u64,
 }
@@ -345,6 +352,8 @@ impl Controller {
             others: [0.0; OTHERS_KEPT],
             quiet_pauses: 0,
             owed: 0.0,
+            watch: Watch::default(),
+            work_changed: false,
             seed: seed | 1,
         };
         c.next_check = c.random_steps(FIRST_CHECK_MIN, FIRST_CHECK_MAX);
@@ -417,7 +426,10 @@ impl Controller {
         // Not used, or nothing counted while unthrottled (the limit was off meanwhile: HAMi's
         // monitor turns it off while it counts fewer than two containers active): checked
         // again soon.
-        if others == Others::Unsteady || launched <= 0.0 {
+        let used = others != Others::Unsteady && launched > 0.0;
+        if used {
+            self.work_changed = false;
+        } else {
             self.next_check = self.random_steps(RETRY_MIN, RETRY_MAX);
         }
         if self.shared() {
@@ -429,6 +441,13 @@ impl Controller {
         self.rate = self.cap() * held;
         self.pause_next =
             self.shared() || self.quiet_pauses < QUIET_PAUSES || others == Others::Unsteady;
+        if self.work_changed && !used {
+            // Not metered meanwhile at a cap known to be wrong.
+            return match others {
+                Others::Unknown => self.remeasure_plain(),
+                _ => self.pause_before(),
+            };
+        }
         self.phase = Phase::Metered { steps: 0 };
         Setting {
             rate: self.rate as u64,
@@ -468,6 +487,40 @@ impl Controller {
         // Time slices are shared equally among contexts that have work, so while this one ran
         // unthrottled the others kept at most half the time, whatever they took while it paused.
         self.full_rate = Some(launched / (1.0 - others.min(FAIR_SHARE)));
+    }
+
+    /// Starts a paused re-measurement.
+    fn pause_before(&mut self) -> Setting {
+        self.phase = Phase::PausedBefore {
+            steps: 0,
+            readings: Readings::NONE,
+            away: Away::NONE,
+        };
+        PAUSED
+    }
+
+    /// Starts an unpaused re-measurement.
+    fn remeasure_plain(&mut self) -> Setting {
+        self.phase = Phase::Remeasuring {
+            steps: 0,
+            before: Others::Unknown,
+            away: Away::NONE,
+        };
+        UNMETERED
+    }
+
+    /// Measures again at once work whose kernels changed ([`crate::workload`]), paused where a
+    /// paused check would be: without waiting for a steady device (the change moved it) or for
+    /// the program to be held back (a cap now too high holds nothing back). What the time
+    /// reading held the rate to described the old work.
+    fn measure_new_work(&mut self, plain: bool) -> Setting {
+        self.deferred_steps = 0;
+        self.rate = self.cap();
+        if plain {
+            self.remeasure_plain()
+        } else {
+            self.pause_before()
+        }
     }
 
     /// Whether a paused re-measurement starts now: it is due and `worth` it (others hold the
@@ -533,6 +586,7 @@ impl Controller {
 
     /// The setting for the next period, after `s`.
     pub fn step(&mut self, s: Sample) -> Setting {
+        self.work_changed |= self.watch.changed(s.kernels);
         let launched = if s.period_ns == 0 {
             0.0
         } else {
@@ -659,22 +713,15 @@ impl Controller {
                 self.watch_device(steps, &s);
                 self.next_check = self.next_check.saturating_sub(1);
                 let worth = s.others_present && s.device_util.is_some();
-                if self.pause_due(worth, s.starved) {
-                    self.phase = Phase::PausedBefore {
-                        steps: 0,
-                        readings: Readings::NONE,
-                        away: Away::NONE,
-                    };
-                    return PAUSED;
-                }
                 let plain = !(self.pause_next && worth);
+                if self.work_changed {
+                    return self.measure_new_work(plain);
+                }
+                if self.pause_due(worth, s.starved) {
+                    return self.pause_before();
+                }
                 if s.starved && plain && steps + 1 >= self.plain_every {
-                    self.phase = Phase::Remeasuring {
-                        steps: 0,
-                        before: Others::Unknown,
-                        away: Away::NONE,
-                    };
-                    return UNMETERED;
+                    return self.remeasure_plain();
                 }
                 self.phase = Phase::Metered { steps: steps + 1 };
                 self.owed -= self.repayment();
@@ -707,6 +754,8 @@ mod tests {
         nvml: bool,
         /// Throughput per period as a share of the capacity, in percent.
         shares: Vec<f64>,
+        /// The kernels the program launches.
+        kernels: KernelSet,
     }
 
     impl SimGpu {
@@ -723,6 +772,7 @@ mod tests {
                 reported: Vec::new(),
                 nvml: true,
                 shares: Vec::new(),
+                kernels: KernelSet::of(1),
             }
         }
 
@@ -767,6 +817,11 @@ mod tests {
                 starved,
                 device_util: self.nvml.then(|| self.reported[self.reported.len() - 1]),
                 others_present: false,
+                kernels: if done >= 1.0 {
+                    self.kernels
+                } else {
+                    KernelSet::EMPTY
+                },
             }
         }
 
@@ -978,6 +1033,86 @@ mod tests {
         );
     }
 
+    /// Settings that meter (not a pause, not a measurement) whose limit, the rate as a share of
+    /// the solo rate, is more than 3 points from `target`: (step, limit).
+    fn off_limit(settings: &[(u64, f64)], target: f64) -> Vec<(usize, f64)> {
+        settings
+            .iter()
+            .enumerate()
+            .filter(|(_, &(rate, limit))| rate > PAUSE_RATE && (limit - target).abs() > 3.0)
+            .map(|(k, &(_, limit))| (k, limit))
+            .collect()
+    }
+
+    /// A program whose blocks come to cost 4 times as much (elementwise kernels giving way to
+    /// matmuls), or a quarter, with other kernels: the change is noticed after 3 periods and
+    /// the program measured again at once, so from 2 s after the change every metered period's
+    /// limit is within 3 points of the target's share of the new solo rate, for the next 20 s
+    /// (no oscillation). Mutation: without the watch (the kernels never seen to change) the old
+    /// cap in blocks stands until the periodic re-measurement 20 s later: 5.9% for a limit of
+    /// 25 after the quarter; after the four times the time check alone takes it from 100% to
+    /// 38% by 2 s, then swings below (18% at 13 s).
+    #[test]
+    fn a_change_of_kernels_alone_is_measured_again_within_2_s() {
+        for target in [25, 50, 75] {
+            for factor in [4.0, 0.25] {
+                let mut gpu = SimGpu::h200(5e6, target);
+                let mut c = Controller::new(target, 1);
+                let mut set = UNMETERED;
+                gpu.drive(&mut c, &mut set, 60);
+                gpu.capacity /= factor;
+                gpu.kernels = KernelSet::of(2);
+                let mut settings = Vec::new();
+                for _ in 0..110 {
+                    gpu.drive(&mut c, &mut set, 1);
+                    settings.push((set.rate, 100.0 * set.rate as f64 / gpu.capacity));
+                }
+                // Settings for the periods from 2 s after the change on.
+                let off = off_limit(&settings[9..], target as f64);
+                assert!(
+                    off.is_empty(),
+                    "target {target}, cost x{factor}: (period, limit) off by more than 3: \
+                     {off:?}"
+                );
+            }
+        }
+    }
+
+    /// The same beside another container (each with a limit of 25, 60 seeds, the change after
+    /// 40 s): the re-measurement is framed by pauses at once, and from 2 s after the change both
+    /// containers' metered limits stay within 3 points for 20 s. Where the change fell on the
+    /// other's own re-measurement (seed 20) the pauses' readings disagree, and the work is
+    /// measured again at once, not metered meanwhile at the old cap (the limit is back 3.4 s
+    /// after the change; metering one period at it fails that seed). Mutation: without the
+    /// watch 55 of the 60 seeds fail each way, the changed container at about 6% or 100% of its
+    /// new solo rate until its next paused check (30 to 60 s).
+    #[test]
+    fn a_change_of_kernels_beside_another_container_is_measured_again_within_2_s() {
+        for factor in [4.0, 0.25] {
+            for seed in SEEDS {
+                let mut gpu = SharedGpu::new(&[Some(25), Some(25)], seed);
+                gpu.run(200);
+                gpu.tenants[0].solo /= factor;
+                gpu.tenants[0].kernels = KernelSet::of(99);
+                let mut settings = [Vec::new(), Vec::new()];
+                for _ in 0..110 {
+                    gpu.run(1);
+                    for (i, t) in gpu.tenants.iter().enumerate() {
+                        settings[i].push((t.set.rate, 100.0 * t.set.rate as f64 / t.solo));
+                    }
+                }
+                for (i, s) in settings.iter().enumerate() {
+                    let off = off_limit(&s[9..], 25.0);
+                    assert!(
+                        off.is_empty(),
+                        "cost x{factor}, seed {seed}: container {i}'s (period, limit) off by \
+                         more than 3: {off:?}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Containers time-sliced on one GPU, each with its own bucket and controller (or none: an
     /// unlimited neighbour). Each wants `demand` of its solo rate (compute-bound, > 1); a period's
     /// time goes to each container as it asks, and where the asks exceed the period, in equal
@@ -1010,6 +1145,8 @@ mod tests {
         /// When it was last active (the end of the last step with launches or held back), in
         /// milliseconds.
         active_ms: u64,
+        /// The kernels it launches.
+        kernels: KernelSet,
     }
 
     impl SharedGpu {
@@ -1027,6 +1164,7 @@ mod tests {
                     debt: 0.0,
                     shares: Vec::new(),
                     active_ms: 0,
+                    kernels: KernelSet::of(i + 1),
                 })
                 .collect();
             SharedGpu {
@@ -1093,6 +1231,11 @@ mod tests {
                     starved: asks[i].1,
                     device_util: Some(device_now),
                     others_present,
+                    kernels: if done >= 1.0 {
+                        t.kernels
+                    } else {
+                        KernelSet::EMPTY
+                    },
                 };
                 if let Some(c) = t.ctl.as_mut() {
                     t.set = c.step(sample);
@@ -1275,6 +1418,7 @@ mod tests {
             starved: true,
             device_util: Some(device),
             others_present: true,
+            kernels: KernelSet::EMPTY,
         };
         let mut set = UNMETERED;
         let mut pauses = Vec::new();
@@ -1313,6 +1457,7 @@ mod tests {
             starved: true,
             device_util: Some(device),
             others_present: true,
+            kernels: KernelSet::EMPTY,
         };
         let mut paused_at = None;
         for step in 0..200u32 {
@@ -1406,6 +1551,7 @@ mod tests {
             starved: false,
             device_util: None,
             others_present: false,
+            kernels: KernelSet::EMPTY,
         };
         let mut first = UNMETERED;
         for _ in 0..PROBE_MIN_STEPS {
@@ -1421,6 +1567,7 @@ mod tests {
                 starved: false,
                 device_util: None,
                 others_present: false,
+                kernels: KernelSet::EMPTY,
             });
             assert!(r.rate <= first.rate, "rate grew to {} while idle", r.rate);
         }

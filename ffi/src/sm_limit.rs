@@ -15,14 +15,19 @@
 //!
 //! Only devices that this process launches on are controlled: a limit set for all 16 devices
 //! takes no lease, writes no bucket and warns about nothing on devices that do not exist.
+//!
+//! Each metered launch also marks its kernel in a process-local set per device
+//! (`hami_shm::workload`), which the controller takes every period to notice new work: so a
+//! change of kernels is seen in the process that holds the device's lease, not in the others.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use hami_shm::bucket;
 use hami_shm::layout::ABI_DEVS;
 use hami_shm::platform::Platform;
 use hami_shm::sm_controller::{Controller, Sample, PERIOD_NS};
+use hami_shm::workload::{KernelSet, WORDS};
 
 use crate::config::UtilPolicy;
 use crate::log::{self, log_debug, log_warn};
@@ -42,6 +47,9 @@ static GATE_TIMEOUT: log::Once = log::Once::new();
 const ACTIVE: i32 = 2;
 /// Bit `d` set: this process has launched on region device `d` (the controller steers those).
 static USED: AtomicU32 = AtomicU32::new(0);
+/// The kernels this process launched on each region device this period (see `note_kernel`).
+static KERNELS: [[AtomicU64; WORDS]; ABI_DEVS] =
+    [const { [const { AtomicU64::new(0) }; WORDS] }; ABI_DEVS];
 
 /// What NVML tells the controller about region device `dev` over the last period.
 #[derive(Clone, Copy, Debug, Default)]
@@ -83,8 +91,9 @@ pub fn any_limited() -> bool {
     LIMITED.load(Ordering::Relaxed) != 0
 }
 
-/// Called before every kernel launch on region device `dev` with the launch's block count.
-pub fn before_launch(dev: usize, blocks: u64) {
+/// Called before every kernel launch on region device `dev` with the launch's block count and
+/// what it runs (a function or graph handle).
+pub fn before_launch(dev: usize, blocks: u64, kernel: usize) {
     if dev >= 32 || LIMITED.load(Ordering::Relaxed) & (1 << dev) == 0 {
         return;
     }
@@ -98,9 +107,28 @@ pub fn before_launch(dev: usize, blocks: u64) {
     if !switch_on(rt) {
         return;
     }
+    note_kernel(dev, kernel);
     if let Some(b) = rt.ext.bucket(dev) {
         bucket::consume(b, &rt.platform, blocks.max(1));
     }
+}
+
+/// Marks `kernel` among this period's kernels on `dev`: one relaxed load, and an atomic OR only
+/// the first time its bucket is hit in a period.
+fn note_kernel(dev: usize, kernel: usize) {
+    let (word, bit) = KernelSet::bucket(kernel);
+    if let Some(w) = KERNELS.get(dev).map(|k| &k[word]) {
+        if w.load(Ordering::Relaxed) & bit == 0 {
+            w.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+}
+
+/// This period's kernels on `dev`, emptied for the next.
+fn take_kernels(dev: usize) -> KernelSet {
+    KernelSet(std::array::from_fn(|i| {
+        KERNELS[dev][i].swap(0, Ordering::Relaxed)
+    }))
 }
 
 fn switch_on(rt: &Runtime) -> bool {
@@ -171,6 +199,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             let spent = b.spent();
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
+            let kernels = take_kernels(dev);
             if counted & (1 << dev) == 0 {
                 // First period with launches here: start counting from now.
                 counted |= 1 << dev;
@@ -203,6 +232,7 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 starved,
                 device_util: view.device_util,
                 others_present: view.others_present,
+                kernels,
             });
             bucket::set_rate(b, set.rate, set.forgive_debt);
             log_debug!(

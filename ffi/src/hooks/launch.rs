@@ -1,8 +1,9 @@
 //! Kernel launches and `cuInit`: every launch form (legacy and per-thread default stream,
 //! `cuLaunchKernelEx`, cooperative launches and graph launches) passes through
-//! [`crate::sm_limit::before_launch`] with the region device of the current context and the
-//! launch's block count, then the real launch. A graph launch's block count is the one counted
-//! when the graph was instantiated ([`super::graph`]); one block for a graph not seen then.
+//! [`crate::sm_limit::before_launch`] with the region device of the current context, the
+//! launch's block count and what it runs (the function, or the graph), then the real launch. A
+//! graph launch's block count is the one counted when the graph was instantiated
+//! ([`super::graph`]); one block for a graph not seen then.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,9 +12,10 @@ use super::hook::hook;
 use super::types::*;
 use super::{devices, graph, nvml};
 
-/// Before a launch of `blocks` blocks on the current device: waits while suspended, records the
-/// launch for HAMi's monitor (`last_kernel_time`), and calls the SM limiter.
-fn before_launch(blocks: u64) {
+/// Before a launch of `blocks` blocks of `kernel` (a function or graph handle) on the current
+/// device: waits while suspended, records the launch for HAMi's monitor (`last_kernel_time`),
+/// and calls the SM limiter.
+fn before_launch(blocks: u64, kernel: *mut c_void) {
     let Some(rt) = crate::runtime::get() else {
         return;
     };
@@ -21,7 +23,7 @@ fn before_launch(blocks: u64) {
     crate::capi::record_kernel_launch(rt);
     start_limiter(rt);
     if let Some((_, dev)) = devices::current(rt) {
-        crate::sm_limit::before_launch(dev, blocks);
+        crate::sm_limit::before_launch(dev, blocks, kernel as usize);
     }
 }
 
@@ -78,7 +80,7 @@ macro_rules! launch_grid {
                 $(, $extra: *mut *mut c_void)?
             ) -> CUresult;
             |real_fn| {
-                before_launch(blocks(grid_x, grid_y, grid_z));
+                before_launch(blocks(grid_x, grid_y, grid_z), f);
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe {
                     real_fn(
@@ -116,7 +118,7 @@ macro_rules! launch_ex {
             |real_fn| {
                 // SAFETY: null-checked; per the API a non-null config points to a CUlaunchConfig.
                 if let Some(c) = unsafe { config.as_ref() } {
-                    before_launch(grid_blocks(&c.dims));
+                    before_launch(grid_blocks(&c.dims), f);
                 }
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { real_fn(config, f, kernel_params, extra) }
@@ -132,7 +134,7 @@ macro_rules! graph_launch {
         hook! {
             fn $name(exec: CUgraphExec, h_stream: CUstream) -> CUresult;
             |real_fn| {
-                before_launch(graph::launch_blocks(exec).unwrap_or(1));
+                before_launch(graph::launch_blocks(exec).unwrap_or(1), exec);
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { real_fn(exec, h_stream) }
             }
