@@ -5,7 +5,7 @@
 //! Estimate-then-grow (reserve 256 MiB, create, measure 518 MiB, grow) let every process of a
 //! herd create a context it then could not keep: on an H200, 32 processes under 8 GiB got none
 //! while the real usage peaked at 1.7× the limit. Here the cost of a context is learnt once per
-//! device and published in the region ([`ContextCell::cost`]):
+//! device and published in the region ([`ContextCell::published_cost`]):
 //!
 //! - [`plan`] loads the cost, **then** the probe lease. While a live process holds the lease,
 //!   everyone waits, even with the cost known (its holder reserves the whole free part until it

@@ -61,7 +61,7 @@ impl RawSem {
 }
 
 /// The SM-limit token bucket of one device, shared by every process of the region (our
-/// extension, in [`Ext::buckets`]).
+/// extension, read through [`Ext::bucket`]).
 #[repr(C)]
 pub struct SmBucket {
     /// Tokens available (an `i64` stored as bits: negative is debt).
@@ -115,7 +115,7 @@ pub const EXT_END: usize = EXT_OFFSET + core::mem::size_of::<Ext>();
 pub const fn ext_offset(region_size: usize) -> usize {
     (region_size + 1).next_multiple_of(4096)
 }
-/// 64-bit words of [`Ext::reserved`]: the tail fills one page.
+/// 64-bit words reserved at the end of [`Ext`]: the tail fills one page.
 pub const EXT_RESERVED_WORDS: usize = 398;
 
 /// Our extension of the region file: a page after the v1.2 region that neither C peers (which map
