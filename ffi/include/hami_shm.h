@@ -304,7 +304,7 @@ typedef shrreg_proc_slot_t SharedProcSlot;
 
 /*
  The SM-limit token bucket of one device, shared by every process of the region (our
- extension, in [`Ext::buckets`]).
+ extension, read through [`Ext::bucket`]).
  */
 typedef struct {
   /*

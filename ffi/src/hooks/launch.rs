@@ -22,6 +22,11 @@ fn before_launch(blocks: u64, kernel: *mut c_void) {
     crate::suspend::wait_while_suspended(rt);
     crate::capi::record_kernel_launch(rt);
     start_limiter(rt);
+    // Without a limited device the limiter has nothing to do: skip asking the driver for the
+    // current device (one driver call per launch).
+    if !crate::sm_limit::any_limited() {
+        return;
+    }
     if let Some((_, dev)) = devices::current(rt) {
         crate::sm_limit::before_launch(dev, blocks, kernel as usize);
     }
