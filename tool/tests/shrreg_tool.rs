@@ -1371,9 +1371,18 @@ fn a_file_truncated_under_the_tool_never_crashes_it() {
         })
     };
     let actions = ["--print", "--json", "--check", "--reap", "--suspend"];
-    let (mut signalled, mut ok, mut changed) = (Vec::new(), 0, 0);
-    for i in 0..200 {
+    let (mut signalled, mut ok, mut changed, mut cut_under) = (Vec::new(), 0, 0, 0);
+    // At least 200 runs, and on until 100 had the file cut while they ran (a loaded machine
+    // cuts less often: 200 runs once saw 197 cuts).
+    let mut runs = 0;
+    while (runs < 200 || cut_under < 100) && runs < 2000 {
+        let i = runs;
+        runs += 1;
+        let cuts_before = cuts.load(Ordering::Relaxed);
         let o = run(&path, actions[i % actions.len()]);
+        if cuts.load(Ordering::Relaxed) > cuts_before {
+            cut_under += 1;
+        }
         match o.status.signal() {
             Some(sig) => signalled.push(sig),
             None if code(&o) == 2 => {
@@ -1387,15 +1396,15 @@ fn a_file_truncated_under_the_tool_never_crashes_it() {
     stop.store(true, Ordering::Relaxed);
     cutter.join().unwrap();
     eprintln!(
-        "200 runs under {} truncations: {ok} done, {changed} refused in one line (exit 2), \
-         {} killed",
+        "{runs} runs under {} truncations ({cut_under} runs saw one): {ok} done, {changed} \
+         refused in one line (exit 2), {} killed",
         cuts.load(Ordering::Relaxed),
         signalled.len()
     );
     assert!(signalled.is_empty(), "runs killed by signals {signalled:?}");
     assert!(
-        cuts.load(Ordering::Relaxed) >= 200,
-        "the file was cut under the runs"
+        cut_under >= 100,
+        "only {cut_under} of {runs} runs had the file cut while they ran"
     );
 }
 
