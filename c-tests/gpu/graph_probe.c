@@ -17,6 +17,7 @@ typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t,
 typedef CUresult (*legacy_fn)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
 typedef CUresult (*with_flags_fn)(CUgraphExec *, CUgraph, unsigned long long);
 typedef CUresult (*clone_fn)(CUgraph *, CUgraph);
+typedef CUresult (*node_get_params_fn)(CUgraphNode, CUgraphNodeParams *);
 typedef CUresult (*add_node_v2_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, const void *,
                                    size_t, CUgraphNodeParams *);
 
@@ -82,7 +83,10 @@ static void list_nodes(const char *what, CUgraph g, CUgraph bodies[2])
         CUresult rt = cuGraphNodeGetType(nodes[i], &t);
         CUgraphNodeParams p;
         memset(&p, 0, sizeof p);
-        CUresult rp = cuGraphNodeGetParams(nodes[i], &p);
+        /* Through dlsym: driver 580's libcuda.so.1 did not link it by name (run 17). */
+        node_get_params_fn get_params =
+            (node_get_params_fn)lib_dlsym("libcuda.so.1", "cuGraphNodeGetParams");
+        CUresult rp = get_params ? get_params(nodes[i], &p) : CUDA_ERROR_NOT_FOUND;
         printf("  node %zu: type %d (rc %d); cuGraphNodeGetParams = %d, type %d", i, (int)t,
                (int)rt, (int)rp, (int)p.type);
         if (t == CU_GRAPH_NODE_TYPE_KERNEL) {

@@ -201,10 +201,16 @@ pub(super) fn process_samples(
 
 /// What the SM limiter reads from NVML for region device `dev` each period.
 pub(crate) fn limiter_view(dev: usize) -> crate::sm_limit::NvmlView {
+    // The container's pids (none without a runtime: then nothing is ours and others count as
+    // present, so that a pause finds out).
+    let rt = crate::runtime::existing();
+    let ours = rt.map(container_pids);
     crate::sm_limit::NvmlView {
-        util: container_sm_util(dev),
+        util: rt
+            .zip(ours.as_ref())
+            .and_then(|(rt, ours)| container_sm_util(rt, dev, ours)),
         device_util: device_util(dev),
-        others_present: others_present(dev),
+        others_present: ours.as_ref().is_none_or(|ours| others_present(dev, ours)),
     }
 }
 
@@ -291,26 +297,21 @@ fn device_util(dev: usize) -> Option<f64> {
     (!fresh.is_empty()).then(|| fresh.iter().sum::<f64>() / fresh.len() as f64)
 }
 
-/// Whether NVML lists a process on region device `dev` that is not this container's (another
+/// Whether NVML lists a process on region device `dev` that is not one of `ours` (another
 /// container's, in any pid namespace: unknown pids count). True where NVML cannot list: a
 /// pause then finds out.
-fn others_present(dev: usize) -> bool {
-    let Some(rt) = crate::runtime::existing() else {
-        return true;
-    };
+fn others_present(dev: usize, ours: &HashSet<u32>) -> bool {
     let Some(list) = super::host_pid::processes(dev) else {
         return true;
     };
-    let ours = container_pids(rt);
     list.iter().any(|(pid, _)| !ours.contains(pid))
 }
 
-/// SM utilisation (percent) of region device `dev` by this container's processes since the last
-/// call, from `nvmlDeviceGetProcessUtilization`. If there is no new sample, or none can be
-/// attributed to the container (its processes run in another pid namespace and their host pids
-/// are not known), the device's overall utilisation stands in. `None` if NVML cannot tell.
-fn container_sm_util(dev: usize) -> Option<f64> {
-    let rt = crate::runtime::existing()?;
+/// SM utilisation (percent) of region device `dev` by this container's processes (`ours`) since
+/// the last call, from `nvmlDeviceGetProcessUtilization`. If there is no new sample, or none can
+/// be attributed to the container (its processes run in another pid namespace and their host
+/// pids are not known), the device's overall utilisation stands in. `None` if NVML cannot tell.
+fn container_sm_util(rt: &Runtime, dev: usize, ours: &HashSet<u32>) -> Option<f64> {
     let h = devices::nvml_handle(dev)?;
     let last = LAST_SEEN.get(dev)?;
     if let Some(f) = super::nvml_procs::nvmlDeviceGetProcessUtilization::REAL.get() {
@@ -325,7 +326,7 @@ fn container_sm_util(dev: usize) -> Option<f64> {
             // No sample newer than the last one: nothing new, not an idle GPU. The device-wide
             // rate below answers instead.
             if !samples.is_empty() {
-                let per_pid = per_process(&samples, &container_pids(rt));
+                let per_pid = per_process(&samples, ours);
                 publish_sm_util(rt, dev, &per_pid);
                 if let Some(util) = container_share(&per_pid) {
                     return Some(util);
