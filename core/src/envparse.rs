@@ -247,6 +247,47 @@ fn trimmed_range(s: &str) -> (usize, usize) {
     (start, end)
 }
 
+/// The unsigned number (no sign allowed) that the trimmed `s` starts with, as [`scan_unsigned`]
+/// reads it, and where the trimmed text ends: `(value, digits_end, end)`. An empty text is an
+/// error.
+fn leading_unsigned(
+    s: &str,
+    expected: Expected,
+) -> Result<(Option<u64>, usize, usize), ParseError<'_>> {
+    let err = |problem| ParseError::from_parts(s, expected, problem);
+    let (start, end) = trimmed_range(s);
+    if start == end {
+        return Err(err(Problem::Empty));
+    }
+    if matches!(s.as_bytes()[start], b'+' | b'-') {
+        return Err(err(Problem::Sign { at: start }));
+    }
+    let (value, digits_end) = scan_unsigned(s, start, end, expected)?;
+    Ok((value, digits_end, end))
+}
+
+/// Nothing may follow a number's digits (ending at `digits_end`) in the trimmed text (ending at
+/// `end`): a `.` is a fraction, anything else trailing junk.
+fn nothing_after(
+    s: &str,
+    expected: Expected,
+    digits_end: usize,
+    end: usize,
+) -> Result<(), ParseError<'_>> {
+    if digits_end == end {
+        return Ok(());
+    }
+    let problem = if s.as_bytes()[digits_end] == b'.' {
+        Problem::Fraction { at: digits_end }
+    } else {
+        Problem::Trailing {
+            at: digits_end,
+            end,
+        }
+    };
+    Err(ParseError::from_parts(s, expected, problem))
+}
+
 /// A number in `strtoul` base-0 notation read from the start of `s[start..end]`: its value (None
 /// on overflow) and the offset just past its digits.
 fn scan_unsigned(
@@ -307,15 +348,8 @@ fn unit_multiplier(unit: &[u8]) -> Option<u64> {
 /// module docs), all 1024-based. Whatever the C code would misread is an error.
 pub fn parse_size(s: &str) -> Result<u64, SizeError<'_>> {
     let err = |problem| ParseError::from_parts(s, Expected::Size, problem);
-    let (start, end) = trimmed_range(s);
-    if start == end {
-        return Err(err(Problem::Empty));
-    }
+    let (value, digits_end, end) = leading_unsigned(s, Expected::Size)?;
     let b = s.as_bytes();
-    if matches!(b[start], b'+' | b'-') {
-        return Err(err(Problem::Sign { at: start }));
-    }
-    let (value, digits_end) = scan_unsigned(s, start, end, Expected::Size)?;
     let multiplier = if digits_end == end {
         1
     } else if let Some(m) = unit_multiplier(&b[digits_end..end]) {
@@ -349,24 +383,8 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError<'_>> {
 /// (HAMi-core treats an unset or 0 global limit as 100).
 pub fn parse_percent(s: &str) -> Result<u64, ParseError<'_>> {
     let err = |problem| ParseError::from_parts(s, Expected::Percent, problem);
-    let (start, end) = trimmed_range(s);
-    if start == end {
-        return Err(err(Problem::Empty));
-    }
-    let b = s.as_bytes();
-    if matches!(b[start], b'+' | b'-') {
-        return Err(err(Problem::Sign { at: start }));
-    }
-    let (value, digits_end) = scan_unsigned(s, start, end, Expected::Percent)?;
-    if digits_end != end {
-        if b[digits_end] == b'.' {
-            return Err(err(Problem::Fraction { at: digits_end }));
-        }
-        return Err(err(Problem::Trailing {
-            at: digits_end,
-            end,
-        }));
-    }
+    let (value, digits_end, end) = leading_unsigned(s, Expected::Percent)?;
+    nothing_after(s, Expected::Percent, digits_end, end)?;
     match value {
         None => Err(err(Problem::Overflow)),
         Some(v) if v > 100 => Err(err(Problem::AboveHundred { value: v })),
@@ -400,15 +418,7 @@ pub fn parse_priority(s: &str) -> Result<i32, ParseError<'_>> {
         }
         return Err(err(Problem::NoDigits));
     }
-    if digits_end != end {
-        if b[digits_end] == b'.' {
-            return Err(err(Problem::Fraction { at: digits_end }));
-        }
-        return Err(err(Problem::Trailing {
-            at: digits_end,
-            end,
-        }));
-    }
+    nothing_after(s, Expected::Priority, digits_end, end)?;
     // Accumulate towards the sign so that i32::MIN is representable.
     let mut value: i32 = 0;
     for &c in &b[digits_start..digits_end] {

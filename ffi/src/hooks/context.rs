@@ -320,23 +320,25 @@ fn ctx_destroyed(ctx: CUcontext) {
     release_owned(a.rt, ctx);
 }
 
-macro_rules! ctx_destroy {
-    ($name:ident) => {
+/// A hook of one argument that forwards the call and, where it succeeded, hands the argument
+/// to `$after` (the end of a context, or of a primary context's use).
+macro_rules! forward_then {
+    ($name:ident($arg:ident: $ty:ty) => $after:ident) => {
         hook! {
-            fn $name(ctx: CUcontext) -> CUresult;
+            fn $name($arg: $ty) -> CUresult;
             |real_fn| {
                 // SAFETY: forwarding the caller's argument unchanged.
-                let r = unsafe { real_fn(ctx) };
+                let r = unsafe { real_fn($arg) };
                 if r.ok() {
-                    ctx_destroyed(ctx);
+                    $after($arg);
                 }
                 r
             }
         }
     };
 }
-ctx_destroy!(cuCtxDestroy_v2);
-ctx_destroy!(cuCtxDestroy);
+forward_then!(cuCtxDestroy_v2(ctx: CUcontext) => ctx_destroyed);
+forward_then!(cuCtxDestroy(ctx: CUcontext) => ctx_destroyed);
 
 hook! {
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
@@ -438,40 +440,16 @@ fn primary_released(dev: CUdevice) {
     }
 }
 
-macro_rules! primary_release {
-    ($name:ident) => {
-        hook! {
-            fn $name(dev: CUdevice) -> CUresult;
-            |real_fn| {
-                // SAFETY: forwarding the caller's argument unchanged.
-                let r = unsafe { real_fn(dev) };
-                if r.ok() {
-                    primary_released(dev);
-                }
-                r
-            }
-        }
-    };
-}
-primary_release!(cuDevicePrimaryCtxRelease);
-primary_release!(cuDevicePrimaryCtxRelease_v2);
+forward_then!(cuDevicePrimaryCtxRelease(dev: CUdevice) => primary_released);
+forward_then!(cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => primary_released);
 
-macro_rules! primary_reset {
-    ($name:ident) => {
-        hook! {
-            fn $name(dev: CUdevice) -> CUresult;
-            |real_fn| {
-                // SAFETY: forwarding the caller's argument unchanged.
-                let r = unsafe { real_fn(dev) };
-                if r.ok() {
-                    if let (Some(a), Some(rec)) = (active(), table::get(Key::Primary(dev))) {
-                        release_owned(a.rt, rec.ctx);
-                    }
-                }
-                r
-            }
-        }
-    };
+/// After a successful primary-context reset of CUDA device `dev`: the allocations made in it
+/// are gone (its cost stays counted while it is retained).
+fn primary_reset(dev: CUdevice) {
+    if let (Some(a), Some(rec)) = (active(), table::get(Key::Primary(dev))) {
+        release_owned(a.rt, rec.ctx);
+    }
 }
-primary_reset!(cuDevicePrimaryCtxReset);
-primary_reset!(cuDevicePrimaryCtxReset_v2);
+
+forward_then!(cuDevicePrimaryCtxReset(dev: CUdevice) => primary_reset);
+forward_then!(cuDevicePrimaryCtxReset_v2(dev: CUdevice) => primary_reset);

@@ -40,14 +40,43 @@ fn view(rt: &Runtime, dev: usize, real_total: u64) -> Option<(u64, u64)> {
     ))
 }
 
+/// The two layouts of NVML's memory answer, as the limited view rewrites them.
+trait MemoryAnswer {
+    /// The real total the driver filled in.
+    fn total(&self) -> u64;
+    /// Rewrites the answer as `total` bytes of which `used` are in use.
+    fn limit_to(&mut self, total: u64, used: u64);
+}
+
+impl MemoryAnswer for NvmlMemory {
+    fn total(&self) -> u64 {
+        self.total
+    }
+    fn limit_to(&mut self, total: u64, used: u64) {
+        self.total = total;
+        self.used = used;
+        self.free = total.saturating_sub(used);
+    }
+}
+
+impl MemoryAnswer for NvmlMemoryV2 {
+    fn total(&self) -> u64 {
+        self.total
+    }
+    fn limit_to(&mut self, total: u64, used: u64) {
+        self.total = total;
+        self.used = used;
+        self.reserved = self.reserved.min(total);
+        self.free = total.saturating_sub(used).saturating_sub(self.reserved);
+    }
+}
+
 /// Calls the real memory query `call` for `device`, then, if it filled `*memory` and the device
-/// is limited, lets `adjust` rewrite it from the limited view `(total, used)`.
-fn memory_info<M>(
+/// is limited, rewrites it from the limited view `(total, used)`.
+fn memory_info<M: MemoryAnswer>(
     device: NvmlDevice,
     memory: *mut M,
     call: impl FnOnce() -> NvmlReturn,
-    total_of: impl FnOnce(&M) -> u64,
-    adjust: impl FnOnce(&mut M, u64, u64),
 ) -> NvmlReturn {
     let r = call();
     if !r.ok() || memory.is_null() {
@@ -61,8 +90,8 @@ fn memory_info<M>(
     };
     // SAFETY: non-null, and the driver just filled it.
     let m = unsafe { &mut *memory };
-    if let Some((total, used)) = view(a.rt, dev, total_of(m)) {
-        adjust(m, total, used);
+    if let Some((total, used)) = view(a.rt, dev, m.total()) {
+        m.limit_to(total, used);
     }
     r
 }
@@ -70,37 +99,16 @@ fn memory_info<M>(
 hook! {
     fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn;
     |real_fn| {
-        memory_info(
-            device,
-            memory,
-            // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { real_fn(device, memory) },
-            |m| m.total,
-            |m, total, used| {
-                m.total = total;
-                m.used = used;
-                m.free = total.saturating_sub(used);
-            },
-        )
+        // SAFETY: forwarding the caller's arguments unchanged.
+        memory_info(device, memory, || unsafe { real_fn(device, memory) })
     }
 }
 
 hook! {
     fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn;
     |real_fn| {
-        memory_info(
-            device,
-            memory,
-            // SAFETY: forwarding the caller's arguments unchanged.
-            || unsafe { real_fn(device, memory) },
-            |m| m.total,
-            |m, total, used| {
-                m.total = total;
-                m.used = used;
-                m.reserved = m.reserved.min(total);
-                m.free = total.saturating_sub(used).saturating_sub(m.reserved);
-            },
-        )
+        // SAFETY: forwarding the caller's arguments unchanged.
+        memory_info(device, memory, || unsafe { real_fn(device, memory) })
     }
 }
 
