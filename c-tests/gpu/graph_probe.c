@@ -77,15 +77,15 @@ static void list_nodes(const char *what, CUgraph g, CUgraph bodies[2])
     CUgraphNode nodes[16];
     size_t n = 16;
     CUresult r = cuGraphGetNodes(g, nodes, &n);
+    /* Through dlsym: driver 580's libcuda.so.1 did not link it by name (run 17). */
+    node_get_params_fn get_params =
+        (node_get_params_fn)lib_dlsym("libcuda.so.1", "cuGraphNodeGetParams");
     printf("%s: cuGraphGetNodes = %d, %zu nodes\n", what, (int)r, r ? 0 : n);
     for (size_t i = 0; r == CUDA_SUCCESS && i < n && i < 16; i++) {
         CUgraphNodeType t = -1;
         CUresult rt = cuGraphNodeGetType(nodes[i], &t);
         CUgraphNodeParams p;
         memset(&p, 0, sizeof p);
-        /* Through dlsym: driver 580's libcuda.so.1 did not link it by name (run 17). */
-        node_get_params_fn get_params =
-            (node_get_params_fn)lib_dlsym("libcuda.so.1", "cuGraphNodeGetParams");
         CUresult rp = get_params ? get_params(nodes[i], &p) : CUDA_ERROR_NOT_FOUND;
         printf("  node %zu: type %d (rc %d); cuGraphNodeGetParams = %d, type %d", i, (int)t,
                (int)rt, (int)rp, (int)p.type);

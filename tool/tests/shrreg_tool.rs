@@ -1372,10 +1372,10 @@ fn a_file_truncated_under_the_tool_never_crashes_it() {
     };
     let actions = ["--print", "--json", "--check", "--reap", "--suspend"];
     let (mut signalled, mut ok, mut changed, mut cut_under) = (Vec::new(), 0, 0, 0);
-    // At least 200 runs, and on until 100 had the file cut while they ran (a loaded machine
-    // cuts less often: 200 runs once saw 197 cuts).
+    // At least 200 runs, and on until the file was cut 200 times and 100 runs had it cut while
+    // they ran (a loaded machine cuts less often: 200 runs once saw 197 cuts).
     let mut runs = 0;
-    while (runs < 200 || cut_under < 100) && runs < 2000 {
+    while (runs < 200 || cut_under < 100 || cuts.load(Ordering::Relaxed) < 200) && runs < 2000 {
         let i = runs;
         runs += 1;
         let cuts_before = cuts.load(Ordering::Relaxed);
@@ -1402,6 +1402,10 @@ fn a_file_truncated_under_the_tool_never_crashes_it() {
         signalled.len()
     );
     assert!(signalled.is_empty(), "runs killed by signals {signalled:?}");
+    assert!(
+        cuts.load(Ordering::Relaxed) >= 200,
+        "the file was cut under the runs"
+    );
     assert!(
         cut_under >= 100,
         "only {cut_under} of {runs} runs had the file cut while they ran"
