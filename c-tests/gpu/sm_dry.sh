@@ -9,7 +9,8 @@
 # which it never slows (so graph rows fail, mix rows miss their band and the exit status is 1).
 # Checks that, and that the matmul rows pass. SM_ONLY (default
 # '^(matmul|graph)/1p/|^matmul/2p/|^small/4p/none|^mix/1p/25'), SM_WARMUP (1), SM_MEASURE (2) and
-# SM_PIPELINE go to sm_limit.sh; with SM_ONLY set it only shows the output. About a minute.
+# SM_PIPELINE go to sm_limit.sh; with SM_ONLY set it only shows the output. Then one more run
+# with SM_REF_AFTER=1 and SM_CPUS=0 (the reference before and after). About a minute and a half.
 # shellcheck disable=SC2016 # the checks below are single-quoted on purpose: check evaluates them
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -147,6 +148,16 @@ if [ -z "${SM_ONLY:-}" ]; then
     check "a bins line per row" '[ "$(grep -cE "^[a-z]+/[124]p/[a-z0-9]+ +[0-9]" "$out")" = 16 ]'
     check "trace kept each process log" '[ "$ntrace" = 23 ]'
     check "results file has the table" 'grep -q "rows outside the band" "$tmp/results.txt"'
-    echo "$((9 - bad)) passed, $bad failed"
+    # The reference taken before and after the limited rows (SM_REF_AFTER), under taskset.
+    out2=$tmp/out2.txt
+    PATH="$tmp/bin:$PATH" PYTHONPATH="$tmp/py" SM_ONLY='^matmul/1p/50' SM_REF_AFTER=1 SM_CPUS=0 \
+        SM_WARMUP=1 SM_MEASURE=2 bash "$here/sm_limit.sh" "$tmp/libvgpu.so" >"$out2" 2>&1
+    cat "$out2"
+    ref2() { awk -v w="$1" '$1 == "matmul" && $3 == w { print $7 }' "$out2"; }
+    check "again row, drift line, reference the mean of both" \
+        'row2=$(awk "\$1 == \"matmul\" && \$3 == 50 { print \$8 }" "$out2");
+         [ -n "$(ref2 again)" ] && grep -q "^matmul/1p: unlimited .* before the limited rows, .* after" "$out2" &&
+         awk -v a="$(ref2 none)" -v b="$(ref2 again)" -v r="$row2" "BEGIN { exit !(r > 0 && (r - (a + b) / 2) ^ 2 < 0.01) }"'
+    echo "$((10 - bad)) passed, $bad failed"
 fi
 [ "$bad" = 0 ]

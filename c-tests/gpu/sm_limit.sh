@@ -40,6 +40,10 @@
 # line, its bins line and the library's lines, the controller's steps among them). SM_MEMORY_LIMIT sets CUDA_DEVICE_MEMORY_LIMIT (default
 # unset). Exit status 1 if any limited row is outside its band or any row gave no result; the
 # full table is printed either way. Changes no GPU setting. Needs python3 with torch.
+# SM_REF_AFTER=1 runs each chosen reference again after its limited rows (row WORK/Pp/again) and
+# takes the mean of the two as the reference, printing both: a launch-bound program's unlimited
+# rate is the CPU's, and moves between rows. SM_CPUS=LIST runs every process under taskset -c
+# LIST (e.g. 2-5), so that rows do not differ in the cores they get.
 # c-tests/gpu/sm_dry.sh runs this script without a GPU (a stand-in torch and nvidia-smi).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -51,6 +55,9 @@ warmup=${SM_WARMUP:-3}
 measure=${SM_MEASURE:-5}
 trace=${SM_TRACE:-}
 pipeline=${SM_PIPELINE:-0}
+ref_after=${SM_REF_AFTER:-0}
+declare -a pin=()
+[ -n "${SM_CPUS:-}" ] && pin=(taskset -c "$SM_CPUS")
 py="$here/sm_work.py"
 # a worker may wait for a whole row before its own starts: its timeout covers both
 tmo=$(awk -v w="$warmup" -v m="$measure" 'BEGIN { printf "%d", 2 * (w + m) + 240 }')
@@ -67,15 +74,20 @@ trap cleanup EXIT
 declare -a all=(matmul/1p/plain)
 for w in matmul small graph mix; do
     for p in 1 2 4; do
-        for l in none 25 50 75; do all+=("$w/${p}p/$l"); done
+        for l in none 25 50 75 again; do all+=("$w/${p}p/$l"); done
     done
 done
 re=${SM_ONLY:-'^(matmul/1p/plain|[a-z]+/1p/.*|matmul/[24]p/.*)$'}
 declare -A chosen=()
 for r in "${all[@]}"; do
+    [[ $r == */again ]] && continue
     if [[ $r =~ $re ]]; then
         chosen[$r]=1
-        case $r in */plain | */none) ;; *) chosen[${r%/*}/none]=1 ;; esac
+        case $r in */plain | */none) ;; *)
+            chosen[${r%/*}/none]=1
+            [ "$ref_after" = 1 ] && chosen[${r%/*}/again]=1
+            ;;
+        esac
     fi
 done
 declare -a rows=()
@@ -93,15 +105,15 @@ spawn() {
     next=()
     for i in $(seq 1 "$procs"); do
         if [ "$l" = plain ]; then
-            timeout -k 5 "$tmo" python3 "$py" "$dir" "$warmup" "$measure" --work "$w" --bins \
+            "${pin[@]}" timeout -k 5 "$tmo" python3 "$py" "$dir" "$warmup" "$measure" --work "$w" --bins \
                 >"$dir/$i.log" 2>&1 &
         else
             lim=$l
-            [ "$l" = none ] && lim=100
+            case $l in none | again) lim=100 ;; esac
             env LD_PRELOAD="$vgpu" CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/region.cache" \
                 GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_SM_LIMIT="$lim" \
                 ${trace:+LIBCUDA_LOG_LEVEL=4} ${SM_MEMORY_LIMIT:+CUDA_DEVICE_MEMORY_LIMIT=$SM_MEMORY_LIMIT} \
-                timeout -k 5 "$tmo" python3 "$py" "$dir" "$warmup" "$measure" --work "$w" --bins \
+                "${pin[@]}" timeout -k 5 "$tmo" python3 "$py" "$dir" "$warmup" "$measure" --work "$w" --bins \
                 >"$dir/$i.log" 2>&1 &
         fi
         next+=($!)
@@ -197,7 +209,24 @@ stats() {
         print ""
     }'
 }
-declare -a table=() binlines=()
+# reference W/Pp: the unlimited rate of the group, the mean of its rows before and after the
+# limited ones where both ran.
+reference() {
+    local before=${rate[$1/none]:-} after=${rate[$1/again]:-}
+    if [ -n "$before" ] && [ -n "$after" ]; then
+        awk -v a="$before" -v b="$after" 'BEGIN { printf "%.6f", (a + b) / 2 }'
+    else
+        echo "$before"
+    fi
+}
+declare -a table=() binlines=() drift=()
+for row in "${rows[@]}"; do
+    [[ $row == */again ]] || continue
+    g=${row%/*}
+    [ -n "${rate[$g/none]:-}" ] && [ -n "${rate[$row]:-}" ] || continue
+    drift+=("$(awk -v g="$g" -v a="${rate[$g/none]}" -v b="${rate[$row]}" -v u="${unit[$row]}" \
+        'BEGIN { printf "%s: unlimited %.1f %s before the limited rows, %.1f after (%+.1f%%)", g, a, u, b, 100 * (b - a) / a }')")
+done
 fails=0
 late_settle=0
 for row in "${rows[@]}"; do
@@ -205,8 +234,8 @@ for row in "${rows[@]}"; do
     procs=${p%p}
     got=${rate[$row]:-}
     case $l in
-    plain | none) ref=$got ; target=100 ;;
-    *) ref=${rate[${row%/*}/none]:-} ; target=$l ;;
+    plain | none | again) ref=$got ; target=100 ;;
+    *) ref=$(reference "${row%/*}") ; target=$l ;;
     esac
     if [ -z "$got" ] || [ -z "$ref" ]; then
         fails=$((fails + 1))
@@ -222,7 +251,7 @@ for row in "${rows[@]}"; do
         verdict=-
         unl=${rate[matmul/1p/none]:-}
         [ -n "$unl" ] && pct=$(awk -v g="$got" -v b="$unl" 'BEGIN { printf "%.1f", 100 * g / b }') && ref=$unl
-    elif [ "$l" != none ]; then
+    elif [ "$l" != none ] && [ "$l" != again ]; then
         band="$((l - 3))..$((l + 3))"
         verdict=$(awk -v p="$pct" -v l="$l" 'BEGIN { print (p >= l - 3 && p <= l + 3) ? "PASS" : "FAIL" }')
         [ "$verdict" = PASS ] || fails=$((fails + 1))
@@ -240,7 +269,8 @@ done
     printf '%-8s %5s %-6s %8s %-7s %-7s %10s %10s %-10s %-6s %s\n' workload procs target "of unl." band verdict \
         rate unlimited unit settle maxdev
     printf '%s\n' "${table[@]}"
-    echo "1-s bins of the summed rate, % of the unlimited rate (none, plain: of their own rate):"
+    [ ${#drift[@]} -eq 0 ] || printf '%s\n' "${drift[@]}"
+    echo "1-s bins of the summed rate, % of the unlimited rate (none, again, plain: of their own rate):"
     printf '%s\n' "${binlines[@]}"
     echo "$fails rows outside the band or without a result; $late_settle limited rows not settled within 2 s"
 } | tee -a "${HK_RESULTS:-/dev/null}"

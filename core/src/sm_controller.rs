@@ -381,6 +381,22 @@ impl Controller {
         lo + (self.seed % u64::from(hi - lo + 1)) as u32
     }
 
+    /// Where the controller is, in a word (for the trace).
+    pub fn phase_name(&self) -> &'static str {
+        match self.phase {
+            Phase::Measuring { .. } => "measuring",
+            Phase::Metered { .. } => "metered",
+            Phase::PausedBefore { .. } => "paused-before",
+            Phase::Remeasuring { .. } => "remeasuring",
+            Phase::PausedAfter { .. } => "paused-after",
+        }
+    }
+
+    /// The measured solo rate in blocks per second, once measured (for the trace).
+    pub fn full_rate(&self) -> Option<f64> {
+        self.full_rate
+    }
+
     /// The work cap: the limit's share of the measured solo rate.
     fn cap(&self) -> f64 {
         self.full_rate

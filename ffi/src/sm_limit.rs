@@ -236,13 +236,15 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             });
             bucket::set_rate(b, set.rate, set.forgive_debt);
             log_debug!(
-                "sm-limit device {dev}: utilisation {}% (device {}%{}, limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s",
+                "sm-limit device {dev}: utilisation {}% (device {}%{}, limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s, {} (solo {}/s)",
                 view.util.map_or(-1.0, f64::round),
                 view.device_util.map_or(-1.0, f64::round),
                 if view.others_present { ", others present" } else { "" },
                 period_ns / 1_000_000,
                 if starved { " (held back)" } else { "" },
-                set.rate
+                set.rate,
+                c.phase_name(),
+                c.full_rate().map_or(-1.0, f64::round)
             );
         }
     }
