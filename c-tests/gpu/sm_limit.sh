@@ -15,9 +15,10 @@
 # products), mix (per step one replay of a ten-product graph, then 20 small kernels).
 # Each row gets a fresh region file (CUDA_DEVICE_MEMORY_SHARED_CACHE in its own folder); its
 # processes import torch, set up on the GPU, report ready, and start together at one time: they
-# work SM_WARMUP seconds (default 3), then count their work over SM_MEASURE seconds (default 5:
-# the settled window, the last 62% of the run), exactly (synchronised before each clock read),
-# and report their rate in 1-second bins over the whole run as well.
+# work SM_WARMUP seconds (default 4: the limiter measures the program unthrottled for about a
+# second at start and again about 2 s later, for 0.4 s, and neither is paid back), then count
+# their work over SM_MEASURE seconds (default 5: the settled window), exactly (synchronised
+# before each clock read), and report their rate in 1-second bins over the whole run as well.
 #
 # Default rows (25, about 5 minutes on an H200): matmul/1p/plain; matmul, small, graph and mix
 # with 1 process at none, 25, 50, 75; matmul with 2 and 4 processes at none, 25, 50, 75.
@@ -51,7 +52,7 @@ root=$(cd "$here/../.." && pwd)
 vgpu=${1:-$root/target/release/libvgpu.so}
 case $vgpu in /*) ;; *) vgpu=$PWD/$vgpu ;; esac
 [ -f "$vgpu" ] || { echo "no $vgpu"; exit 1; }
-warmup=${SM_WARMUP:-3}
+warmup=${SM_WARMUP:-4}
 measure=${SM_MEASURE:-5}
 trace=${SM_TRACE:-}
 pipeline=${SM_PIPELINE:-0}

@@ -27,8 +27,8 @@
 #include <pthread.h>
 
 #define BLOCKS 1000u
-/* The controller measures the unthrottled rate in the first second and once more 2 s later (its
- * unthrottled moment is paid back over the following seconds); the window starts after both. */
+/* The controller measures the unthrottled rate in the first second and once more 2 s later (the
+ * start, not paid back); the window starts after both. */
 #define WARMUP_S 4.5
 #define MEASURE_S 3.0
 
