@@ -274,9 +274,9 @@ impl Others {
 ///   and the one 2 s after) are not: the limit starts after them.
 /// - **Time**: NVML's utilisation of the container's processes at most L%, or at most what it
 ///   read once the work was held at the cap after a measurement, whichever is higher. Above it
-///   the rate falls by [`GAIN`] of the ratio per step; NVML trails the launches by up to a
-///   second, and a larger gain oscillates (the `lagging_gpu` test). Off where pauses found
-///   other containers at work (see `own_time`).
+///   the rate falls by [`GAIN`] of the ratio per step, a small step since NVML trails the
+///   launches by up to a second (the cost test runs lags of 1 to 5 periods). Off where pauses
+///   found other containers at work (see `own_time`).
 ///
 /// The limit is a share of the work (what the GPU gets done), and the work cap holds it. NVML's
 /// reading is not that share: an H200 flat out reads 99%, yet at 25% of its work it reads less
@@ -293,7 +293,8 @@ pub struct Controller {
     /// Blocks per second the program launches with the GPU to itself, once measured.
     full_rate: Option<f64>,
     /// NVML's reading of the container once the work was held at the cap after the last
-    /// measurement (see the time check above).
+    /// measurement (see the time check above); cleared by each re-measurement (the first
+    /// measurement starts from a new controller).
     time_ref: Option<f64>,
     phase: Phase,
     idle_steps: u32,
@@ -426,7 +427,6 @@ impl Controller {
 
     fn meter_at_cap(&mut self, forgive_debt: bool) -> Setting {
         self.rate = self.cap();
-        self.time_ref = None;
         self.phase = Phase::Metered { steps: 0 };
         Setting {
             rate: self.rate as u64,
@@ -546,7 +546,6 @@ impl Controller {
     fn measure_new_work(&mut self, plain: bool) -> Setting {
         self.deferred_steps = 0;
         self.rate = self.cap();
-        self.time_ref = None;
         if plain {
             self.remeasure_plain()
         } else {
@@ -931,10 +930,10 @@ mod tests {
     /// GPU whose reading trails by 1 to 5 periods: from 5 s after the change every second's work
     /// is within 3 points below and 5 above the limit, without oscillation, until the next
     /// re-measurement (at 15 s), and within 3 below it after (the first seconds run at 1.5 to 2
-    /// times the limit, 92% for 75). Mutation: paying back what the re-measurement took beyond
-    /// the old cap (2 times too high) instead of the new one raises the limit by 1.5 points.
-    /// Mutation: without the time check the work doubles (47% for a limit of 25) until the
-    /// re-measurement.
+    /// times the limit, 92% for 75). Mutations: without the time check the work doubles (47%
+    /// for a limit of 25) until the re-measurement; paying back what the re-measurement took
+    /// beyond the old cap (2 times too high) instead of the new one raises the limit by 1.5
+    /// points (76.5 for 75).
     #[test]
     fn a_block_that_comes_to_cost_more_is_caught_by_the_time_reading() {
         for lag in 1..=5 {
