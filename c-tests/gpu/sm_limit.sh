@@ -12,7 +12,8 @@
 # the rows with the same WORK and P; "plain" runs without LD_PRELOAD (the plain driver: the
 # library's own cost). WORK: matmul (8192^3 bf16 products, compute-bound), small (20 elementwise
 # kernels on 1 M floats per step, launch-bound), graph (replays of a CUDA graph of twenty 4096^3
-# products), mix (per step one replay of a ten-product graph, then 20 small kernels).
+# products), mix (per step one replay of a ten-product graph, then 20 small kernels), bursts
+# (0.6 s of matmul's products, then 1.2 s idle, over and over: a server between requests).
 # Each row gets a fresh region file (CUDA_DEVICE_MEMORY_SHARED_CACHE in its own folder); its
 # processes import torch, set up on the GPU, report ready, and start together at one time: they
 # work SM_WARMUP seconds (default 4: the limiter measures the program unthrottled for about a
@@ -20,12 +21,12 @@
 # their work over SM_MEASURE seconds (default 5: the settled window), exactly (synchronised
 # before each clock read), and report their rate in 1-second bins over the whole run as well.
 #
-# Default rows (25, about 5 minutes on an H200): matmul/1p/plain; matmul, small, graph and mix
-# with 1 process at none, 25, 50, 75; matmul with 2 and 4 processes at none, 25, 50, 75.
+# Default rows (29, about 6 minutes on an H200): matmul/1p/plain; matmul, small, graph, mix and
+# bursts with 1 process at none, 25, 50, 75; matmul with 2 and 4 processes at none, 25, 50, 75.
 # SM_ONLY=REGEX instead runs the rows of the full matrix (every WORK with 1, 2 and 4 processes,
 # and matmul/1p/plain) whose name matches (bash =~), plus the reference ("none") row of each
 # limited row chosen: e.g. SM_ONLY='^small/[24]p/' (the small-kernel rows with 2 and 4 processes,
-# about 95 s more), SM_ONLY='^graph/' or SM_ONLY=. (all 49 rows). Each row costs about
+# about 95 s more), SM_ONLY='^graph/' or SM_ONLY=. (all 61 rows). Each row costs about
 # SM_WARMUP + SM_MEASURE + 3.5 s (start-up on the GPU and exit) plus the torch import, which
 # SM_PIPELINE=1 overlaps with the row before (off by default: the small-kernel rows are
 # launch-bound, and the import beside them moved their unlimited rate between 82k and 137k
@@ -73,7 +74,7 @@ trap cleanup EXIT
 
 # ---- the rows ----------------------------------------------------------------------------------
 declare -a all=(matmul/1p/plain)
-for w in matmul small graph mix; do
+for w in matmul small graph mix bursts; do
     for p in 1 2 4; do
         for l in none 25 50 75 again; do all+=("$w/${p}p/$l"); done
     done

@@ -18,6 +18,9 @@ Workloads (--work, default matmul):
           replay between synchronisations; TFLOP/s
   mix     per step one replay of a graph of ten 4096^3 bf16 products, then 20 small kernels
           as in small, then a synchronisation; steps/s
+  bursts  a server between requests: per step 0.6 s of products as in matmul, then 1.2 s
+          idle; TFLOP/s over whole steps (so the share of the unlimited rate is the share the
+          limit left the bursts)
 
 Prints `rate=X unit=U iters=K seconds=S work=W` (matmul: `tflops=X ` first, as monitor.sh reads
 it). With --bins also `bins=r0,r1,...`: the rate (in U) in consecutive 1-second bins from START
@@ -37,7 +40,7 @@ p.add_argument("start")
 p.add_argument("warmup", type=float)
 p.add_argument("measure", type=float)
 p.add_argument("n", type=int, nargs="?", default=8192)
-p.add_argument("--work", choices=("matmul", "small", "graph", "mix"), default="matmul")
+p.add_argument("--work", choices=("matmul", "small", "graph", "mix", "bursts"), default="matmul")
 p.add_argument("--bins", action="store_true")
 args = p.parse_args()
 
@@ -100,21 +103,33 @@ def graph_of(products):
 
 
 # Each workload: step() queues one batch and synchronises; `per` is its work in `unit`, `count`
-# the iterations it holds (products for matmul, kernels for small, replays for graph, steps for mix).
+# the iterations it holds (products for matmul, kernels for small, replays for graph, steps for
+# mix and bursts). A step() that returns a number did that many times `per` (bursts).
 count = 1
-if args.work == "matmul":
+if args.work in ("matmul", "bursts"):
     n = args.n
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     c = a @ b
     BATCH = 4  # products between synchronisations: the queue stays short, counts stay exact
 
-    def step():
+    def products():
         for _ in range(BATCH):
             torch.matmul(a, b, out=c)
         sync()
 
     unit, per, count = "TFLOP/s", BATCH * 2.0 * n**3 / 1e12, BATCH
+    step = products
+    if args.work == "bursts":
+        BUSY_S, IDLE_S = 0.6, 1.2
+
+        def step():
+            k, t_end = 0, time.time() + BUSY_S
+            while time.time() < t_end:
+                products()
+                k += 1
+            time.sleep(IDLE_S)
+            return k
 elif args.work == "small":
     burst = small_setup()
 
@@ -141,7 +156,8 @@ else:  # mix
         sync()
 
     unit, per = "steps/s", 1.0
-step()  # first use: kernels loaded, library handles made
+# first use: kernels loaded, library handles made (one batch of a burst)
+products() if args.work == "bursts" else step()
 
 if sync_dir is not None:
     open(os.path.join(sync_dir, "ready.%d" % os.getpid()), "w").close()
@@ -175,13 +191,15 @@ def credit(t_from, t_to, w):
 
 
 def run_until(t_end, prev):
+    """Steps until t_end: how many times `per` they did, and the clock after the last."""
     k = 0
     while time.time() < t_end:
-        step()
+        done = step()
+        done = 1 if done is None else done
         now = time.time()
-        credit(prev, now, per)
+        credit(prev, now, per * done)
         prev = now
-        k += 1
+        k += done
     return k, prev
 
 

@@ -18,7 +18,10 @@
  * - CUDA graphs: a worker replaying a graph of the same 4 kernels (one cuGraphLaunch per batch)
  *   falls to the limit of its unlimited rate, and beside a worker launching the kernels one by
  *   one under one 25% limit the two together get 25% (a graph launch costs its kernels' blocks,
- *   counted at instantiation; at one token per graph launch the graph worker ran unthrottled).
+ *   counted at instantiation; at one token per graph launch the graph worker ran unthrottled);
+ * - work in bursts (0.6 s of batches, then 1.2 s idle, as a server between requests): under a
+ *   25% limit its bursts get 25% of its unlimited rate (measuring again after an idle second let
+ *   each burst run unthrottled).
  *
  * Independent runs go in parallel, each with its own stand-in GPU and region.
  */
@@ -64,6 +67,16 @@ static double launch_batch(CUfunction f)
     return 4.0 * BLOCKS;
 }
 
+/* One burst: 0.6 s of batches, then 1.2 s idle. */
+static double burst(CUfunction f)
+{
+    double blocks = 0, t = now_s();
+    while (now_s() - t < 0.6)
+        blocks += launch_batch(f);
+    usleep(1200 * 1000);
+    return blocks;
+}
+
 static CUgraphExec batch_graph(CUfunction f)
 {
     CUgraph g;
@@ -106,10 +119,14 @@ static int worker(const char *out, const char *mode)
     double first_ms = (now_s() - t0) * 1000.0;
     if (gate)
         pthread_join(lifter, NULL);
+    int bursts = mode && strcmp(mode, "bursts") == 0;
     while (now_s() - t0 < WARMUP_S)
-        launch_batch(f);
+        bursts ? burst(f) : launch_batch(f);
     double blocks = 0, m0 = now_s();
-    while (now_s() - m0 < MEASURE_S)
+    if (bursts)
+        for (int i = 0; i < 3; i++)
+            blocks += burst(f);
+    while (!bursts && now_s() - m0 < MEASURE_S)
         blocks += launch_batch(f);
     FILE *o = fopen(out, "w");
     if (!o)
@@ -195,6 +212,8 @@ int main(int argc, char **argv)
         {.name = "dev1of2", .env = {"FAKE_CUDA_DEVICES=2", "GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT_0=25"}, .mode = "dev1", .procs = 1},
         {.name = "graph", .mode = "graph", .procs = 1},
         {.name = "graph25", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=25"}, .mode = "graph", .procs = 1},
+        {.name = "bursts", .mode = "bursts", .procs = 1},
+        {.name = "bursts25", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=25"}, .mode = "bursts", .procs = 1},
     };
     struct run phase2[] = {
         {.name = "shared25", .env = {"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_DEVICE_SM_LIMIT=25"}, .procs = 2},
@@ -239,6 +258,11 @@ int main(int argc, char **argv)
               100.0 * phase1[8].rate / graph_base <= 35,
           "a 25%% limit (force) gives a graph-replaying worker %.1f%% of its unlimited rate "
           "(want 15..35)", graph_base > 0 ? 100.0 * phase1[8].rate / graph_base : -1.0);
+    double bursts_base = phase1[9].rate;
+    CHECK(bursts_base > 0 && 100.0 * phase1[10].rate / bursts_base >= 15 &&
+              100.0 * phase1[10].rate / bursts_base <= 35,
+          "a 25%% limit (force) gives work in bursts (0.6 s on, 1.2 s off) %.1f%% of its "
+          "unlimited rate (want 15..35)", bursts_base > 0 ? 100.0 * phase1[10].rate / bursts_base : -1.0);
     CHECK(SHARE(phase2[2]) >= 15 && SHARE(phase2[2]) <= 35,
           "a kernel worker and a graph worker under one 25%% limit together get %.1f%% (want "
           "15..35: a graph launch costs its blocks)", SHARE(phase2[2]));

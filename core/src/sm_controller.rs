@@ -53,8 +53,6 @@ pub const PROBE_MIN_STEPS: u32 = 4;
 pub const PROBE_MAX_STEPS: u32 = 15;
 /// The last steps of a measurement must lie within this fraction of their mean.
 const PROBE_SPREAD: f64 = 0.25;
-/// Steps without any launch after which the controller measures again (1 s).
-pub const IDLE_STEPS_TO_RECALIBRATE: u32 = 5;
 /// Metered steps after which a program that is held back is measured again (20 s), unthrottled,
 /// alone on the GPU.
 pub const REMEASURE_EVERY: u32 = 100;
@@ -264,9 +262,11 @@ impl Others {
 ///
 /// - **Work**: at most L% of the blocks per second the program launches with the GPU to itself.
 ///   The controller measures that rate, unmetered, from the bucket's exact count of tokens
-///   spent: at the start (after the program ran steadily for [`PROBE_MIN_STEPS`]), after an idle
-///   second, and again while the limit holds the program back (a process may have joined; the
-///   measurement at start may have been taken beside another container). Where NVML has device
+///   spent: at the start (after the program ran steadily for [`PROBE_MIN_STEPS`]), and again
+///   while the limit holds the program back (a process may have joined; the measurement at
+///   start may have been taken beside another container). An idle program keeps its
+///   measurement: measuring again after each pause let work in bursts shorter than a
+///   measurement run unthrottled for good. Where NVML has device
 ///   samples, a re-measurement is framed by two pauses that read the other containers' time
 ///   share `o`, and the rate measured between them is divided by `1 - o`. What a
 ///   re-measurement launched beyond the limit's share of its time (or short of it) is paid back
@@ -297,17 +297,19 @@ pub struct Controller {
     /// measurement starts from a new controller).
     time_ref: Option<f64>,
     phase: Phase,
-    idle_steps: u32,
     /// Whether the next re-measurement is paused (where others hold the device): until
     /// [`QUIET_PAUSES`] in a row found it quiet, and while it is shared.
     pause_next: bool,
     /// Metered steps until the next paused re-measurement (while held back).
     next_check: u32,
-    /// Metered steps after which a program held back is measured again, unthrottled: soon
-    /// after the first measurement (programs warm up, and a GPU may run faster for its first
-    /// second: on an H200, small kernels got 34% for 50 and 4 processes 79% for 75, run 14),
-    /// then every 20 s.
-    plain_every: u32,
+    /// Metered steps left before a program held back is measured again, unthrottled: 2 s after
+    /// the first measurement (programs warm up, and a GPU may run faster for its first second:
+    /// on an H200, small kernels got 34% for 50 and 4 processes 79% for 75, run 14), then every
+    /// 20 s of work. After the start, idle steps do not count: a program working in short
+    /// bursts was measured more often than it paid back.
+    plain_in: u32,
+    /// Whether the start's measurements are done.
+    started: bool,
     /// The device's last readings in metered steps (newest last), and how many in a row.
     recent: [f64; RECENT],
     recent_count: u32,
@@ -353,10 +355,10 @@ impl Controller {
                 steps: 0,
                 last: [0.0; 3],
             },
-            idle_steps: 0,
             pause_next: true,
             next_check: 0,
-            plain_every: FIRST_REMEASURE,
+            plain_in: FIRST_REMEASURE,
+            started: false,
             recent: [0.0; RECENT],
             recent_count: 0,
             deferred_steps: 0,
@@ -442,10 +444,10 @@ impl Controller {
         // The re-measurement 2 s after the first measurement is part of the start, whose
         // unthrottled moments are not paid back (the limit starts after it): paying back 0.4 s
         // unthrottled at 1.5 points a step held a limit of 25 at 23.5 for the next 20 s.
-        let start_up =
-            self.plain_every == FIRST_REMEASURE && others == Others::Unknown && !self.work_changed;
+        let start_up = !self.started && others == Others::Unknown && !self.work_changed;
+        self.started = true;
         self.next_check = REMEASURE_EVERY;
-        self.plain_every = REMEASURE_EVERY;
+        self.plain_in = REMEASURE_EVERY;
         self.time_ref = None;
         match others {
             Others::Unknown if launched > 0.0 => self.full_rate = Some(launched),
@@ -622,29 +624,11 @@ impl Controller {
         } else {
             s.consumed as f64 * 1e9 / s.period_ns as f64
         };
-        let paused = matches!(
-            self.phase,
-            Phase::PausedBefore { .. } | Phase::PausedAfter { .. }
-        );
-        if s.consumed == 0 && !s.starved && !paused {
-            self.idle_steps = self.idle_steps.saturating_add(1);
-        } else {
-            self.idle_steps = 0;
-        }
         match self.phase {
-            Phase::Metered { .. } | Phase::Remeasuring { .. }
-                if self.idle_steps >= IDLE_STEPS_TO_RECALIBRATE =>
-            {
-                *self = Controller::new(self.target as u64, self.seed);
-                UNMETERED
-            }
             Phase::Measuring { steps, mut last } => {
                 if s.consumed == 0 {
-                    // Only consecutive busy steps measure the program's work.
-                    self.phase = Phase::Measuring {
-                        steps: 0,
-                        last: [0.0; 3],
-                    };
+                    // Only busy steps measure the program's work; an idle one is passed over
+                    // (work in bursts shorter than a measurement is measured across them).
                     return UNMETERED;
                 }
                 last.rotate_left(1);
@@ -749,6 +733,9 @@ impl Controller {
                 self.rate = self.rate.min(self.cap()).max(1.0);
                 self.watch_device(steps, &s);
                 self.next_check = self.next_check.saturating_sub(1);
+                if s.consumed > 0 || !self.started {
+                    self.plain_in = self.plain_in.saturating_sub(1);
+                }
                 let worth = s.others_present && s.device_util.is_some();
                 let plain = !(self.pause_next && worth);
                 if self.work_changed {
@@ -757,7 +744,7 @@ impl Controller {
                 if self.pause_due(worth, s.starved) {
                     return self.pause_before();
                 }
-                if s.starved && plain && steps + 1 >= self.plain_every {
+                if s.starved && plain && self.plain_in == 0 {
                     return self.remeasure_plain();
                 }
                 self.phase = Phase::Metered { steps: steps + 1 };
@@ -1657,6 +1644,39 @@ mod tests {
                 kernels: KernelSet::EMPTY,
             });
             assert!(r.rate <= first.rate, "rate grew to {} while idle", r.rate);
+        }
+    }
+
+    /// A program that works in bursts with idle seconds between (a server between requests):
+    /// after the first few bursts, each is held to the limit from its first step, and the
+    /// re-measurements are paid back. Mutations: measuring again after an idle second (as
+    /// before) left bursts of 0.6 s unthrottled for good (100% for 25), 1 s at 85%, 3 s at 50%;
+    /// restarting a measurement at an idle step never measured bursts of 0.6 s (100%);
+    /// counting idle steps towards the next re-measurement gave 28.2% for 25.
+    #[test]
+    fn a_program_that_works_in_bursts_is_held_from_each_bursts_start() {
+        for (busy, idle) in [(3, 6), (5, 5), (15, 10), (50, 10)] {
+            for target in [25, 50, 75] {
+                let mut gpu = SimGpu::h200(5e6, target);
+                let mut c = Controller::new(target, 1);
+                let mut set = UNMETERED;
+                let mut busy_shares = Vec::new();
+                for burst in 0..40 {
+                    gpu.demand = 5e6;
+                    let from = gpu.shares.len();
+                    gpu.drive(&mut c, &mut set, busy);
+                    if burst > 3 {
+                        busy_shares.extend_from_slice(&gpu.shares[from..]);
+                    }
+                    gpu.demand = 0.0;
+                    gpu.drive(&mut c, &mut set, idle);
+                }
+                let share = mean(&busy_shares);
+                assert!(
+                    (share - target as f64).abs() <= 3.0,
+                    "bursts of {busy} steps, {idle} idle, target {target}: {share:.1}% while busy"
+                );
+            }
         }
     }
 }
