@@ -120,12 +120,15 @@ static int worker(const char *out, const char *mode)
     if (gate)
         pthread_join(lifter, NULL);
     int bursts = mode && strcmp(mode, "bursts") == 0;
-    while (now_s() - t0 < WARMUP_S)
-        bursts ? burst(f) : launch_batch(f);
+    /* Bursts: the start's second measurement comes with the first burst held back 2 s after
+     * the first measurement (the 4th or 5th burst), so 5 bursts warm up and 3 are counted. */
+    for (int i = 0; bursts && i < 5; i++)
+        burst(f);
+    while (!bursts && now_s() - t0 < WARMUP_S)
+        launch_batch(f);
     double blocks = 0, m0 = now_s();
-    if (bursts)
-        for (int i = 0; i < 3; i++)
-            blocks += burst(f);
+    for (int i = 0; bursts && i < 3; i++)
+        blocks += burst(f);
     while (!bursts && now_s() - m0 < MEASURE_S)
         blocks += launch_batch(f);
     FILE *o = fopen(out, "w");
