@@ -940,7 +940,7 @@ mod tests {
     /// cap, and the work is measured again, so from 2 s after the change every second's work is
     /// within 3 points below the limit and not above it (that re-measurement is paid back) until
     /// the next scheduled one (20 s). Mutations: without the re-measurement the time check
-    /// alone brings the work down in 5 s (38% for 25 in second 2); paying back what the
+    /// alone brings the work down in 5 s (28.8% for 25 in second 2); paying back what the
     /// re-measurement took beyond the old cap (2 times too high) instead of the new one raises
     /// the limit by 1.5 points (76.5 for 75).
     #[test]
