@@ -13,7 +13,9 @@
 # library's own cost). WORK: matmul (8192^3 bf16 products, compute-bound), small (20 elementwise
 # kernels on 1 M floats per step, launch-bound), graph (replays of a CUDA graph of twenty 4096^3
 # products), mix (per step one replay of a ten-product graph, then 20 small kernels), bursts
-# (0.6 s of matmul's products, then 1.2 s idle, over and over: a server between requests).
+# (0.6 s of matmul's products, then 1.2 s idle, over and over: a server between requests; run
+# its rows with SM_WARMUP=10 SM_MEASURE=6: the start's second measurement comes with the 4th or
+# 5th burst, and the window should hold whole bursts).
 # Each row gets a fresh region file (CUDA_DEVICE_MEMORY_SHARED_CACHE in its own folder); its
 # processes import torch, set up on the GPU, report ready, and start together at one time: they
 # work SM_WARMUP seconds (default 4: the limiter measures the program unthrottled for about a
