@@ -119,18 +119,22 @@ static int worker(const char *out, const char *mode)
     double first_ms = (now_s() - t0) * 1000.0;
     if (gate)
         pthread_join(lifter, NULL);
-    int bursts = mode && strcmp(mode, "bursts") == 0;
-    /* Bursts: the start's second measurement comes with the first burst held back 2 s after
-     * the first measurement (the 4th or 5th burst), so 5 bursts warm up and 3 are counted. */
-    for (int i = 0; bursts && i < 5; i++)
-        burst(f);
-    while (!bursts && now_s() - t0 < WARMUP_S)
-        launch_batch(f);
-    double blocks = 0, m0 = now_s();
-    for (int i = 0; bursts && i < 3; i++)
-        blocks += burst(f);
-    while (!bursts && now_s() - m0 < MEASURE_S)
-        blocks += launch_batch(f);
+    double blocks = 0, m0;
+    if (mode && strcmp(mode, "bursts") == 0) {
+        /* The start's second measurement comes with the first burst held back 2 s after the
+         * first measurement (the 4th or 5th burst), so 5 bursts warm up and 3 are counted. */
+        for (int i = 0; i < 5; i++)
+            burst(f);
+        m0 = now_s();
+        for (int i = 0; i < 3; i++)
+            blocks += burst(f);
+    } else {
+        while (now_s() - t0 < WARMUP_S)
+            launch_batch(f);
+        m0 = now_s();
+        while (now_s() - m0 < MEASURE_S)
+            blocks += launch_batch(f);
+    }
     FILE *o = fopen(out, "w");
     if (!o)
         return 1;

@@ -653,7 +653,7 @@ impl Controller {
                 let mean = last.iter().sum::<f64>() / 3.0;
                 let steady = last.iter().all(|r| (r - mean).abs() <= PROBE_SPREAD * mean);
                 if (steps >= PROBE_MIN_STEPS && steady) || steps >= PROBE_MAX_STEPS {
-                    let [a, b, c] = last;
+                    let [a, b, c] = last; // their median:
                     self.full_rate = Some(a.min(b).max(a.max(b).min(c)));
                     return self.meter_at_cap(true);
                 }
@@ -738,13 +738,14 @@ impl Controller {
                         let bound = self.limit_now().max(self.time_ref.unwrap_or(0.0));
                         let factor = (bound / util.clamp(1.0, 100.0)).clamp(0.25, 2.0);
                         let over = util > bound + TIME_SLACK;
-                        let costlier = steps >= NVML_LAG_STEPS && over && self.time_ref.is_some();
+                        let acting = steps >= NVML_LAG_STEPS;
+                        let costlier = acting && over && self.time_ref.is_some();
                         self.costlier_steps = if costlier { self.costlier_steps + 1 } else { 0 };
                         if self.costlier_steps >= COSTLIER_STEPS && self.cost_check_armed {
                             self.cost_check_armed = false;
                             self.work_changed = true;
                         }
-                        if steps >= NVML_LAG_STEPS && (over || (s.starved && factor > 1.0)) {
+                        if acting && (over || (s.starved && factor > 1.0)) {
                             // Over the bound in NVML: down. Held back below it: back up (to the
                             // cap). Below it because the program asks for less: no wind-up.
                             self.rate *= 1.0 + GAIN * (factor - 1.0);
