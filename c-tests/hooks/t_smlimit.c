@@ -30,8 +30,9 @@
 #include <pthread.h>
 
 #define BLOCKS 1000u
-/* The controller measures the unthrottled rate in the first second and once more 2 s later (the
- * start, not paid back); the window starts after both. */
+/* The controller measures the unthrottled rate in the first 1-2 s, and once more 2 s later where
+ * the start is in doubt (a program in bursts, or one that idled); the start is not paid back, and
+ * the window starts after both. */
 #define WARMUP_S 4.5
 #define MEASURE_S 3.0
 
@@ -121,8 +122,9 @@ static int worker(const char *out, const char *mode)
         pthread_join(lifter, NULL);
     double blocks = 0, m0;
     if (mode && strcmp(mode, "bursts") == 0) {
-        /* The start's second measurement comes with the first burst held back 2 s after the
-         * first measurement (the 4th or 5th burst), so 5 bursts warm up and 3 are counted. */
+        /* The first measurement takes six busy steps from the second burst on, and the start's
+         * second one comes with the first burst held back 2 s later (the 4th or 5th burst), so 5
+         * bursts warm up and 3 are counted. */
         for (int i = 0; i < 5; i++)
             burst(f);
         m0 = now_s();
