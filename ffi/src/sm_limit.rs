@@ -223,8 +223,11 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 keep_active(rt);
             }
             let limit = rt.region.sm_limit(dev);
-            let c = controllers[dev]
-                .get_or_insert_with(|| Controller::resume(limit, b.rate(), u64::from(me)));
+            // Containers have their own pid namespaces, so equal pids are common: the start tag
+            // and the moment set their random streams apart.
+            let seed = || (u64::from(rt.platform.self_id().tag()) << 32 | u64::from(me)) ^ now;
+            let c =
+                controllers[dev].get_or_insert_with(|| Controller::resume(limit, b.rate(), seed()));
             let set = c.step(Sample {
                 util: view.util,
                 consumed,
