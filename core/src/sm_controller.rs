@@ -48,7 +48,8 @@ pub struct Setting {
 /// Share of NVML's error corrected per step.
 pub const GAIN: f64 = 0.2;
 /// Busy steps the first measurement runs at least (1.2 s at 200 ms a step): two sets of three,
-/// whose medians must agree within `PROBE_DRIFT`.
+/// whose medians must agree within `PROBE_DRIFT`; for a program in bursts, busy steps since it
+/// first went idle.
 pub const PROBE_MIN_STEPS: u32 = 6;
 /// Busy steps after which the measurement is taken even if the program never ran steadily.
 pub const PROBE_MAX_STEPS: u32 = 15;
@@ -160,9 +161,9 @@ fn median([a, b, c]: [f64; 3]) -> f64 {
     a.min(b).max(a.max(b).min(c))
 }
 
-/// The first measurement: the busy steps so far. The rate taken is the median of the last three:
-/// a step in which the work started or ended reads low (the first full-speed step of 4 H100
-/// processes read 75% of the next, run 20).
+/// The first measurement: the busy steps so far. The rate taken is the median of the last three
+/// (of a program in bursts, the second highest of six): a step in which the work started or
+/// ended reads low (the first full-speed step of 4 H100 processes read 75% of the next, run 20).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Probe {
     /// Busy steps so far.
@@ -416,11 +417,11 @@ pub struct Controller {
     /// Whether the start's measurements are done.
     started: bool,
     /// Whether the start needs a second measurement 2 s after the first: the first ran out of
-    /// steps before the program's rate stopped moving, the program works in bursts (whose
-    /// edges the first may have caught), or it went idle since (the first may have measured
-    /// set-up launches, not the work). Otherwise the limit holds from
-    /// the first measurement on: a second one is 0.4 s unthrottled, which puts a second of the
-    /// work far above a limit of 25 (runs 19 and 20 settled at 3-4 s for it).
+    /// steps before the program's rate stopped moving, or the program went idle since (the
+    /// first may have measured set-up launches, not the work; a program in bursts always
+    /// does). Otherwise the limit holds from the first measurement on: a second one is 0.4 s
+    /// unthrottled, which puts a second of the work far above a limit of 25 (runs 19 and 20
+    /// settled at 3-4 s for it).
     start_in_doubt: bool,
     /// Whether the program works in bursts: the first measurement found it so, or it went idle
     /// since. Its re-measurements may take a burst's edges.
