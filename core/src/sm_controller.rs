@@ -9,6 +9,8 @@
 //! device samples: what remains is the other containers' time. The unthrottled rate measured
 //! next is then scaled up by the time those others took ([`Controller`]).
 
+use core::ops::ControlFlow;
+
 use crate::bucket::tokens_in;
 use crate::workload::{KernelSet, Watch};
 
@@ -214,7 +216,7 @@ impl Probe {
     /// busy steps since it first went idle, as the second highest of them: a burst's edges
     /// read low, and its first full step may read high (launches queueing: 17952 blocks
     /// against 16896 on an H100).
-    fn busy(mut self, launched: f64) -> Result<Probe, (f64, ProbeEnd)> {
+    fn busy(mut self, launched: f64) -> ControlFlow<(f64, ProbeEnd), Probe> {
         self.last.rotate_left(1);
         self.last[5] = launched;
         self.steps += 1;
@@ -228,15 +230,15 @@ impl Probe {
             .all(|r| (r - mean).abs() <= PROBE_SPREAD * mean);
         let settled = steady && (rate - median([a, b, c])).abs() <= PROBE_DRIFT * rate;
         if settled && self.steps >= PROBE_MIN_STEPS {
-            Err((rate, ProbeEnd::Settled))
+            ControlFlow::Break((rate, ProbeEnd::Settled))
         } else if self.bursty_steps >= PROBE_MIN_STEPS {
             let mut sorted = self.last;
             sorted.sort_unstable_by(f64::total_cmp);
-            Err((sorted[4], ProbeEnd::Bursts))
+            ControlFlow::Break((sorted[4], ProbeEnd::Bursts))
         } else if self.steps >= PROBE_MAX_STEPS {
-            Err((rate, ProbeEnd::RanOut))
+            ControlFlow::Break((rate, ProbeEnd::RanOut))
         } else {
-            Ok(self)
+            ControlFlow::Continue(self)
         }
     }
 }
@@ -768,11 +770,11 @@ impl Controller {
                     return UNMETERED;
                 }
                 match probe.busy(launched) {
-                    Ok(probe) => {
+                    ControlFlow::Continue(probe) => {
                         self.phase = Phase::Measuring(probe);
                         UNMETERED
                     }
-                    Err((rate, end)) => {
+                    ControlFlow::Break((rate, end)) => {
                         self.full_rate = Some(rate);
                         self.start_in_doubt = end == ProbeEnd::RanOut;
                         self.bursty = end == ProbeEnd::Bursts;
@@ -1809,7 +1811,7 @@ mod tests {
                 gpu.run(400);
                 let worst = (0..2)
                     .map(|i| gpu.share(i, 125))
-                    .min_by(|a, b| (a - 25.0).abs().total_cmp(&(b - 25.0).abs()).reverse())?;
+                    .max_by(|a, b| (a - 25.0).abs().total_cmp(&(b - 25.0).abs()))?;
                 ((worst - 25.0).abs() > 4.0).then_some((seed, worst))
             })
             .collect();

@@ -190,7 +190,8 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         let now = rt.platform.now_ns();
         let period_ns = now.saturating_sub(last_ns);
         last_ns = now;
-        let me = rt.platform.self_id().pid() as u32;
+        let id = rt.platform.self_id();
+        let me = id.pid() as u32;
         let used = mask & USED.load(Ordering::Relaxed);
         for dev in (0..ABI_DEVS).filter(|d| used & (1 << d) != 0) {
             let Some(b) = rt.ext.bucket(dev) else {
@@ -223,11 +224,11 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 keep_active(rt);
             }
             let limit = rt.region.sm_limit(dev);
-            // Containers have their own pid namespaces, so equal pids are common: the start tag
-            // and the moment set their random streams apart.
-            let seed = || (u64::from(rt.platform.self_id().tag()) << 32 | u64::from(me)) ^ now;
+            // Containers have their own pid namespaces, so equal pids are common: the process's
+            // start tag (in its id) and the moment set their random streams apart.
+            let seed = id.0 ^ now;
             let c =
-                controllers[dev].get_or_insert_with(|| Controller::resume(limit, b.rate(), seed()));
+                controllers[dev].get_or_insert_with(|| Controller::resume(limit, b.rate(), seed));
             let set = c.step(Sample {
                 util: view.util,
                 consumed,
