@@ -169,9 +169,10 @@ fn median([a, b, c]: [f64; 3]) -> f64 {
     a.min(b).max(a.max(b).min(c))
 }
 
-/// The first measurement: the busy steps so far. The rate taken is the median of the last three
-/// (of a program in bursts, the second highest of six): a step in which the work started or
-/// ended reads low (the first full-speed step of 4 H100 processes read 75% of the next, run 20).
+/// The first measurement: the busy steps so far. The rate taken is the mean of the last six
+/// without their highest and lowest (of a program in bursts, the second highest of six): a step
+/// in which the work started or ended reads low (the first full-speed step of 4 H100 processes
+/// read 75% of the next, run 20), and a full step's count moves about the work's rate.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Probe {
     /// Busy steps so far.
