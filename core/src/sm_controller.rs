@@ -227,7 +227,7 @@ impl Probe {
     /// read low, and its first full step may read high (launches queueing: 17952 blocks
     /// against 16896 on an H100).
     fn busy(mut self, launched: f64) -> ControlFlow<(f64, ProbeEnd), Probe> {
-        if launched > WORK_STARTS * self.last.iter().fold(0.0, |a: f64, &b| a.max(b)) {
+        if launched > WORK_STARTS * self.last.iter().copied().fold(0.0, f64::max) {
             // The work started: what came before were set-up launches, whose idle gaps
             // would otherwise pass for bursts.
             self = Probe::START;
@@ -238,12 +238,12 @@ impl Probe {
         self.run += 1;
         self.bursty_steps += u32::from(self.bursty);
         let [a, b, c, d, e, f] = self.last;
-        let rate = median([d, e, f]);
+        let recent = median([d, e, f]);
         let mean = (d + e + f) / 3.0;
         let steady = [d, e, f]
             .iter()
             .all(|r| (r - mean).abs() <= PROBE_SPREAD * mean);
-        let settled = steady && (rate - median([a, b, c])).abs() <= PROBE_DRIFT * rate;
+        let settled = steady && (recent - median([a, b, c])).abs() <= PROBE_DRIFT * recent;
         let mut sorted = self.last;
         sorted.sort_unstable_by(f64::total_cmp);
         let trimmed_mean = sorted[1..5].iter().sum::<f64>() / 4.0;
