@@ -35,7 +35,9 @@
 (*      = 0 -> return; earned = rate * (now - last); [r_tload] `cur =     *)
 (*      tokens(b)`; [r_tcas] tokens.compare_exchange_weak(cur, next) with *)
 (*      next = min(cur + earned, max(cap, cur)), cap = rate * Burst       *)
-(*      (tokens_in(rate, BURST_NS)); failure -> cur = the value found,    *)
+(*      (tokens_in(rate, BURST_NS)), or next = min(cur + earned, 0) where *)
+(*      now - last > Idle (IDLE_NS without launches: the program starts   *)
+(*      again without credit); failure -> cur = the value found,          *)
 (*      again.  (A spurious failure of the weak CAS is one more round of  *)
 (*      the loop with the same value: not modelled.)                      *)
 (*    The Setter is the controller's set_rate(rate, forgive) calls, in    *)
@@ -113,6 +115,7 @@ CONSTANTS
     T0,          \* tokens at the start
     Rate0,       \* rate at the start
     Burst,       \* BURST_NS in ticks: cap = rate * Burst
+    Idle,        \* IDLE_NS in ticks: a longer gap since the last refill earns no credit
     RateSteps,   \* the Setter's set_rate calls: << [r |-> rate, f |-> forgive], ... >>
     Ctrls,       \* controller processes = their pids (numbers > 0); {} leaves part 2 out
     Wrap,        \* the ms clock's modulus (2^32 in the code)
@@ -214,11 +217,14 @@ RTLoad(l) == LET s == L[l] IN
     /\ SetL(l, [s EXCEPT !.pc = "r_tcas", !.cur = tokens])
     /\ UNCHANGED <<t, bucket, setter, ghosts, leasePart>>
 
-\* next = cur.saturating_add(earned).min(cap.max(cur));
+\* next = refilled(cur, rate, now_ns - last): cur.saturating_add(earned).min(cap),
+\* cap = 0 after an idle gap, else cap.max(cur);
 \* b.tokens.compare_exchange_weak(cur, next): Ok -> return; Err(now) -> cur = now.
 \* (tokens_store: b.tokens.store(next), whatever tokens holds now.)
 RTCas(l) == LET s == L[l]
-                next == Min(s.cur + s.owed, Max(s.rt * Burst, s.cur)) IN
+                next == IF s.now - s.last > Idle
+                           THEN Min(s.cur + s.owed, 0)
+                           ELSE Min(s.cur + s.owed, Max(s.rt * Burst, s.cur)) IN
     /\ s.pc = "r_tcas"
     /\ IF tokens = s.cur \/ Bug = "tokens_store"
           THEN /\ tokens' = next

@@ -14,6 +14,9 @@ use crate::sync::Ordering;
 
 /// Burst the bucket holds, in seconds of refill.
 const BURST_NS: u64 = 50_000_000;
+/// A bucket no launch drew from for longer than this (a controller period) was idle, and its
+/// program starts again without credit ([`refilled`]).
+const IDLE_NS: u64 = crate::sm_controller::PERIOD_NS;
 /// Longest a single launch waits for tokens (a stalled controller must not stall the program).
 const MAX_WAIT_NS: u64 = 2_000_000_000;
 /// Longest single sleep while waiting.
@@ -40,8 +43,24 @@ pub fn set_rate(b: &SmBucket, rate: u64, forgive_debt: bool) {
     }
 }
 
-/// Adds the tokens earned since the last refill (one process wins each refill by CAS), capped
-/// at the burst size.
+/// The tokens a bucket holding `cur` holds `gap_ns` after its last refill, at `rate`: what it
+/// earned meanwhile, capped at the burst. After an idle gap ([`IDLE_NS`] without launches: a
+/// refill comes only with a launch) the program starts again without credit: the burst absorbs
+/// launches that jitter about the rate, and kept over an idle second it let every burst of a
+/// server's work start 50 ms unthrottled (an H100's 0.6-s bursts got 54% for a limit of 50,
+/// run 24: 650 ms of tokens in 600 ms).
+fn refilled(cur: i64, rate: u64, gap_ns: u64) -> i64 {
+    let earned = tokens_in(rate, gap_ns);
+    let cap = if gap_ns > IDLE_NS {
+        0
+    } else {
+        tokens_in(rate, BURST_NS).max(cur)
+    };
+    cur.saturating_add(earned).min(cap)
+}
+
+/// Adds the tokens earned since the last refill (one process wins each refill by CAS), as
+/// [`refilled`] says. Only launches refill, so `refilled_ns` is the last launch's time.
 pub fn refill(b: &SmBucket, now_ns: u64) {
     let rate = b.rate.load(Ordering::Relaxed);
     let last = b.refilled_ns.load(Ordering::Relaxed);
@@ -55,11 +74,9 @@ pub fn refill(b: &SmBucket, now_ns: u64) {
     if rate == 0 {
         return;
     }
-    let earned = tokens_in(rate, now_ns - last);
-    let cap = tokens_in(rate, BURST_NS);
     let mut cur = tokens(b);
     loop {
-        let next = cur.saturating_add(earned).min(cap.max(cur));
+        let next = refilled(cur, rate, now_ns - last);
         match b.tokens.compare_exchange_weak(
             cur as u64,
             next as u64,
@@ -72,14 +89,16 @@ pub fn refill(b: &SmBucket, now_ns: u64) {
     }
 }
 
-/// Whether launches are held back by the rate: the bucket (refilled to `now_ns`) holds less
-/// than half its burst. A program that launches less than the rate lets it fill up to the burst;
-/// one that wants more keeps it near zero or in debt. (Reading the debt at one instant misses
-/// the moments between a repaid wait and the next launch.)
+/// Whether launches are held back by the rate: the program is not idle ([`IDLE_NS`]), and
+/// the bucket (as a launch now would find it) holds less than half its burst. A program that
+/// launches less than the rate lets it fill up to the burst; one that wants more keeps it near
+/// zero or in debt; an idle one is not held back. (Reading the debt at one instant misses the
+/// moments between a repaid wait and the next launch.) Reads only: a refill here would hide
+/// the gap since the last launch.
 pub fn held_back(b: &SmBucket, now_ns: u64) -> bool {
-    refill(b, now_ns);
     let rate = b.rate.load(Ordering::Relaxed);
-    rate != 0 && tokens(b) < tokens_in(rate, BURST_NS) / 2
+    let gap = now_ns.saturating_sub(b.refilled_ns.load(Ordering::Relaxed));
+    rate != 0 && gap <= IDLE_NS && refilled(tokens(b), rate, gap) < tokens_in(rate, BURST_NS) / 2
 }
 
 /// Takes `cost` tokens for a launch, waiting (sleeping, bounded) while the bucket is in debt.
