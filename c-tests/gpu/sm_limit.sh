@@ -19,7 +19,7 @@
 # Each row gets a fresh region file (CUDA_DEVICE_MEMORY_SHARED_CACHE in its own folder); its
 # processes import torch, set up on the GPU, report ready, and start together at one time: they
 # work SM_WARMUP seconds (default 4: the limiter measures the program unthrottled for its first
-# 1.2-3 s, until its rate stops moving, and for 0.4 s 2 s later only where the start is in doubt:
+# 1.2-3 s, until its rate stops rising, and for 0.4 s 2 s later only where the start is in doubt:
 # work in bursts, or a program that idled; neither is paid back), then count
 # their work over SM_MEASURE seconds (default 5: the settled window), exactly (synchronised
 # before each clock read), and report their rate in 1-second bins over the whole run as well.
