@@ -60,7 +60,7 @@ fn refilled(cur: i64, rate: u64, gap_ns: u64) -> i64 {
 }
 
 /// Adds the tokens earned since the last refill (one process wins each refill by CAS), as
-/// [`refilled`] says. Only launches refill, so `refilled_ns` is the last launch's time.
+/// `refilled` says. Only launches refill, so `refilled_ns` is the last launch's time.
 pub fn refill(b: &SmBucket, now_ns: u64) {
     let rate = b.rate.load(Ordering::Relaxed);
     let last = b.refilled_ns.load(Ordering::Relaxed);
@@ -89,7 +89,7 @@ pub fn refill(b: &SmBucket, now_ns: u64) {
     }
 }
 
-/// Whether launches are held back by the rate: the program is not idle ([`IDLE_NS`]), and
+/// Whether launches are held back by the rate: the program is not idle (`IDLE_NS`), and
 /// the bucket (as a launch now would find it) holds less than half its burst. A program that
 /// launches less than the rate lets it fill up to the burst; one that wants more keeps it near
 /// zero or in debt; an idle one is not held back. (Reading the debt at one instant misses the
