@@ -1627,6 +1627,14 @@ mod tests {
         /// off otherwise. While off, the library meters and counts no launch.
         monitor_tick_ms: u64,
         limits_on: bool,
+        /// NVML reads a busy share `b` of the device's time as `b` to this power (1: as it is;
+        /// an H100 running matmuls read 20% for 24% of its work, 42% for 46%, run 23: 1.14).
+        nvml_curve: f64,
+        /// Share of the time lost to context switches per unit of the time the other
+        /// containers take, where the device is saturated; taken from those held by the time
+        /// slicing (an H100: an unthrottled matmul beside one at 24% of its work got 70%, two
+        /// unthrottled ones 44.5% each, run 23: about 0.22).
+        switch_cost: f64,
     }
 
     struct Tenant {
@@ -1670,6 +1678,8 @@ mod tests {
                 noise: 1.0,
                 monitor_tick_ms: 0,
                 limits_on: true,
+                nvml_curve: 1.0,
+                switch_cost: 0.0,
             }
         }
 
@@ -1699,13 +1709,22 @@ mod tests {
                 time[i] = asks[i].0.min(left / (asks.len() - k) as f64);
                 left -= time[i];
             }
+            let sliced: Vec<usize> = (0..time.len()).filter(|&i| asks[i].0 > time[i]).collect();
+            if !sliced.is_empty() {
+                let most = time.iter().fold(0.0, |a: f64, &b| a.max(b));
+                let lost = self.switch_cost * (time.iter().sum::<f64>() - most);
+                for &i in &sliced {
+                    time[i] -= lost / sliced.len() as f64;
+                }
+            }
             self.seed = self
                 .seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let noise = self.noise * (((self.seed >> 33) % 200) as f64 / 100.0 - 1.0);
             let busy: f64 = time.iter().sum();
-            self.device.push((100.0 * busy + noise).clamp(0.0, 100.0));
+            self.device
+                .push((100.0 * libm_pow(busy, self.nvml_curve) + noise).clamp(0.0, 100.0));
             let lagged = self.device[self.device.len().saturating_sub(3)];
             let device_now = self.device[self.device.len() - 1];
             let active: Vec<bool> = self.tenants.iter().map(|t| t.demand > 0.0).collect();
@@ -1774,6 +1793,33 @@ mod tests {
     /// Seeds of the controllers' random steps: each scenario runs with each, so that their
     /// re-measurements fall at different moments (and sometimes on each other).
     const SEEDS: std::ops::Range<u64> = 1..61;
+
+    /// Two containers at 25 each on a GPU that behaves as the H100 did (run 23): NVML reads a
+    /// busy share on a curve (20% for 24% of the work), and context switches cost an
+    /// unthrottled re-measurement beside a neighbour at its cap 5 points of the GPU's time. The
+    /// pauses then read the neighbour low and the re-measurement reads low, so each container's
+    /// solo estimate comes out about 12% low: 21.9 to 23.5% over the seeds (the H100: 21.6 to
+    /// 22.9, run 25), under the limit, never over. Mutation: the rate measured beside the
+    /// neighbour taken as the solo rate gives 18.4%. A correction for either effect needs the
+    /// curves of the GPU and of the work: reading the neighbour at 1.5 times what the pauses
+    /// read gives 24.5 to 25.4% here, and 28.9% on a GPU without these effects
+    /// (`two_containers_each_get_their_own_share`).
+    #[test]
+    fn two_containers_on_a_gpu_with_switch_costs_stay_under_their_share() {
+        for seed in SEEDS {
+            let mut gpu = SharedGpu::new(&[Some(25), Some(25)], seed);
+            gpu.nvml_curve = 1.14;
+            gpu.switch_cost = 0.22;
+            gpu.run(400);
+            for i in 0..2 {
+                let share = gpu.share(i, 75);
+                assert!(
+                    (20.0..=25.5).contains(&share),
+                    "seed {seed}: container {i} got {share:.1}% of its solo rate"
+                );
+            }
+        }
+    }
 
     /// Two containers with their own limits, started together on one GPU: each gets its own
     /// share of its solo rate, within 3 points over the 65 s from 15 s on (most settle by 8 s:
