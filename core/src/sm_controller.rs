@@ -50,8 +50,8 @@ pub struct Setting {
 /// Share of NVML's error corrected per step.
 pub const GAIN: f64 = 0.2;
 /// Busy steps the first measurement runs at least (1.2 s at 200 ms a step): two sets of three,
-/// whose medians must agree within `PROBE_DRIFT` and `PROBE_FALL`; for a program in bursts, busy steps since it
-/// first went idle.
+/// whose medians must agree within `PROBE_DRIFT` and `PROBE_FALL`; for a program in bursts,
+/// busy steps since it first went idle.
 pub const PROBE_MIN_STEPS: u32 = 6;
 /// Busy steps after which the measurement is taken even if the program never ran steadily.
 pub const PROBE_MAX_STEPS: u32 = 15;
@@ -64,10 +64,10 @@ const PROBE_SPREAD: f64 = 0.25;
 const PROBE_DRIFT: f64 = 0.05;
 /// ... and fall short of it by at most this fraction. Launch counts cycle about the work's rate
 /// (one H100 matmul process: 17,424, 17,424, 17,952, then 15,312, 15,312, 17,160 blocks a
-/// step), so two sets of three agreed within 3% only by chance: 1-process matmuls
-/// and graphs were measured for 12 to 15 steps, and settled 3 to 6 s after their start (run
-/// 25). A program that slows faster than this (set-up, then lighter work) is measured once it
-/// stops; one that slows less is measured up to half of it high until its re-measurement.
+/// step), so two sets of three agreed within 3% only by chance: 1-process matmuls and graphs
+/// were measured for 12 to 15 steps, and settled 3 to 6 s after their start (run 25). A
+/// program that slows faster than this (set-up, then lighter work) is measured once it stops;
+/// one that slows less is measured up to half of it high until its re-measurement.
 const PROBE_FALL: f64 = 0.15;
 /// A busy step launching more than this many times the most of any step before it starts the
 /// first measurement afresh: the work started, and the steps before were set-up launches (4
@@ -166,8 +166,9 @@ pub const REMEASURE_STEPS: u32 = 2;
 /// A re-measurement within this fraction of the solo rate taken before is of the same work, and
 /// is averaged in ([`Controller::take_rate`]): it counts one step, whose count moves by up to 8%
 /// about the work's rate (an H100 matmul: 15,312 to 17,952 blocks), so taken alone it moved a
-/// limit of 75 to between 68 and 81 for the next 20 s (simulated from run 25's counts). Further apart, the work changed (a
-/// process joined, a measurement beside another container's was halved): taken as it is.
+/// limit of 75 to between 68 and 81 for the next 20 s (simulated from run 25's counts).
+/// Further apart, the work changed (a process joined, a measurement beside another
+/// container's was halved): taken as it is.
 const SAME_WORK: f64 = 0.12;
 /// The most weight the measurements before carry against a re-measurement of the same work:
 /// the newest always moves the rate by a quarter of its difference at least, so that a drift
@@ -242,10 +243,10 @@ impl Probe {
     /// Adds a busy step's rate: the probe going on, or the rate measured and how. A steady
     /// program's is taken once the last three busy steps have stopped rising above the three
     /// before them ([`PROBE_DRIFT`], [`PROBE_FALL`]), so that a program still warming up is
-    /// measured warm, as the mean of the six without their highest
-    /// and lowest: launches are counted as they queue, and a step's count moves by up to 8%
-    /// about the work's rate (15312 to 17952 blocks for one matmul process on an H100, run 24),
-    /// where the median of three read 4% high. A program in bursts is measured over six
+    /// measured warm, as the mean of the six without their highest and lowest: launches are
+    /// counted as they queue, and a step's count moves by up to 8% about the work's rate (15312
+    /// to 17952 blocks for one matmul process on an H100, run 24), where the median of three
+    /// read 4% high. A program in bursts is measured over six
     /// busy steps since it first went idle, as the second highest of them: a burst's edges
     /// read low, and its first full step may read high (launches queueing: 17952 blocks
     /// against 16896 on an H100).
@@ -1423,9 +1424,9 @@ mod tests {
 
     /// A program that warms up, launching faster each step for its first 2 s (from 80% of its
     /// rate), as PyTorch's small kernels did on an H200: the measurement goes on until the last
-    /// three steps stop rising above the three before, so the work is within 3 points from 3 s on. Mutation: without that
-    /// check (three steady steps, as before) 50 gives 44 (the H200 gave 34 for 50 and 50 for
-    /// 75 with a measurement that short, run 14).
+    /// three steps stop rising above the three before, so the work is within 3 points from 3 s
+    /// on. Mutation: without that check (three steady steps, as before) 50 gives 44 (the H200
+    /// gave 34 for 50 and 50 for 75 with a measurement that short, run 14).
     #[test]
     fn a_program_that_warms_up_is_measured_once_warm() {
         for target in [25, 50, 75] {
