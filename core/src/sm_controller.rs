@@ -1348,7 +1348,7 @@ mod tests {
     /// their mean), starting `offset` into them, until it has measured (at most 15 steps): the
     /// measurement in the counts' unit, and the busy steps it took.
     fn measure_counts(counts: &[f64], offset: usize) -> (f64, usize) {
-        let scale = 1e6 / mean_of(counts);
+        let scale = 1e6 / mean(counts);
         let mut gpu = SimGpu::h200(5e6, 1);
         let mut c = Controller::new(75, 1);
         let mut set = UNMETERED;
@@ -1364,9 +1364,12 @@ mod tests {
         (c.full_rate().unwrap_or(0.0) / scale, steps)
     }
 
-    fn mean_of(counts: &[f64]) -> f64 {
-        counts.iter().sum::<f64>() / counts.len() as f64
-    }
+    /// Blocks a step of one H100 matmul process, unthrottled (run 25): they cycle about the
+    /// work's rate, as launches are counted when they queue.
+    const RUN25_MATMUL: [f64; 11] = [
+        17424.0, 17424.0, 17952.0, 15312.0, 15312.0, 17160.0, 16632.0, 17424.0, 15840.0, 15840.0,
+        16896.0,
+    ];
 
     /// Counts that cycle about the work's rate, as an H100's 1-process matmul and graph did
     /// (launches are counted as they queue; run 24: 16896, 17952, 17424, 15312, 15840 and 17424
@@ -1381,22 +1384,18 @@ mod tests {
     #[test]
     fn counts_that_cycle_are_measured_within_2_s() {
         let run24 = [16896.0, 17952.0, 17424.0, 15312.0, 15840.0, 17424.0];
-        let matmul = [
-            17424.0, 17424.0, 17952.0, 15312.0, 15312.0, 17160.0, 16632.0, 17424.0, 15840.0,
-            15840.0, 16896.0,
-        ];
         let graph = [
             134640.0, 139920.0, 139920.0, 132000.0, 116160.0, 134640.0, 139920.0, 139920.0,
             129360.0, 121440.0,
         ];
         for (what, counts, within) in [
             ("run 24's matmul", &run24[..], 0.02),
-            ("matmul", &matmul[..], 0.03),
+            ("matmul", &RUN25_MATMUL[..], 0.03),
             ("graph", &graph[..], 0.03),
         ] {
             for offset in 0..counts.len() {
                 let (measured, steps) = measure_counts(counts, offset);
-                let measured = measured / mean_of(counts);
+                let measured = measured / mean(counts);
                 assert!(
                     (measured - 1.0).abs() <= within && steps <= 8,
                     "{what} from step {offset}: {:.1}% of the mean after {steps} steps",
@@ -1712,7 +1711,7 @@ mod tests {
             }
             let sliced: Vec<usize> = (0..time.len()).filter(|&i| asks[i].0 > time[i]).collect();
             if !sliced.is_empty() {
-                let most = time.iter().fold(0.0, |a: f64, &b| a.max(b));
+                let most = time.iter().copied().fold(0.0, f64::max);
                 let lost = self.switch_cost * (time.iter().sum::<f64>() - most);
                 for &i in &sliced {
                     time[i] -= lost / sliced.len() as f64;
@@ -2170,11 +2169,8 @@ mod tests {
     /// before) put 20 s of a limit of 75 at 68.3 and others at 80.8.
     #[test]
     fn cycling_counts_hold_the_limit_across_re_measurements() {
-        let counts = [
-            17424.0, 17424.0, 17952.0, 15312.0, 15312.0, 17160.0, 16632.0, 17424.0, 15840.0,
-            15840.0, 16896.0,
-        ];
-        let mean_count = counts.iter().sum::<f64>() / counts.len() as f64;
+        let counts = RUN25_MATMUL;
+        let mean_count = mean(&counts);
         for target in [25, 50, 75] {
             for offset in 0..counts.len() {
                 let mut gpu = SimGpu::h200(5e6, 1);
