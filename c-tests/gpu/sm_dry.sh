@@ -2,7 +2,8 @@
 # c-tests/gpu/sm_dry.sh: TEST ONLY, no GPU. Runs c-tests/gpu/sm_limit.sh and the real
 # c-tests/gpu/sm_work.py against a stand-in `torch` (kernels are sleeps on the CPU), a stand-in
 # nvidia-smi and an empty LD_PRELOAD library, to check the handshake, the rates, the bins, the
-# settle column, the table and the exit status. Nothing it prints is a GPU number.
+# settle column, the table, the clock lines (SM_CLOCKS=1) and the exit status. Nothing it prints
+# is a GPU number.
 #
 # The stand-in throttles a process with CUDA_DEVICE_SM_LIMIT=L (L < 100, policy force) to L% of
 # its speed from 0.6 s after it starts working (so "settle" reads 1s), except CUDA graph replays,
@@ -20,7 +21,10 @@ mkdir -p "$tmp/py/torch" "$tmp/bin"
 
 cat >"$tmp/bin/nvidia-smi" <<'EOF'
 #!/bin/sh
-echo "Stand-in GPU (sm_dry.sh), 0.0"
+case "$*" in
+*clocks.sm*) echo 1410 ;;
+*) echo "Stand-in GPU (sm_dry.sh), 0.0" ;;
+esac
 EOF
 chmod +x "$tmp/bin/nvidia-smi"
 if command -v gcc >/dev/null; then
@@ -129,7 +133,7 @@ EOF
 out=$tmp/out.txt
 PATH="$tmp/bin:$PATH" PYTHONPATH="$tmp/py" HK_RESULTS="$tmp/results.txt" SM_TRACE="$tmp/trace" \
     SM_ONLY=${SM_ONLY:-'^(matmul|graph)/1p/|^matmul/2p/|^small/4p/none|^mix/1p/25'} \
-    SM_WARMUP=${SM_WARMUP:-1} SM_MEASURE=${SM_MEASURE:-2} \
+    SM_WARMUP=${SM_WARMUP:-1} SM_MEASURE=${SM_MEASURE:-2} SM_CLOCKS=1 \
     bash "$here/sm_limit.sh" "$tmp/libvgpu.so" >"$out" 2>&1
 rc=$?
 cat "$out"
@@ -145,8 +149,11 @@ if [ -z "${SM_ONLY:-}" ]; then
     check "plain row and the library-cost line" 'row matmul 1 plain >/dev/null && grep -q "of the plain driver" "$out"'
     check "small/4p reference only" 'row small 4 none >/dev/null && ! row small 4 25 >/dev/null'
     check "settle 1s on a limited matmul row" 'row matmul 1 25 | grep -q " 1s "'
-    check "a bins line per row" '[ "$(grep -cE "^[a-z]+/[124]p/[a-z0-9]+ +[0-9]" "$out")" = 16 ]'
+    check "a bins line per row" \
+        '[ "$(sed -n "/^1-s bins/,/^SM clock/p" "$out" | grep -cE "^[a-z]+/[124]p/[a-z0-9]+ +[0-9]")" = 16 ]'
     check "trace kept each process log" '[ "$ntrace" = 23 ]'
+    check "a clock line per row, 1410 MHz in each of its 3 bins (SM_CLOCKS)" \
+        '[ "$(sed -n "/^SM clock (MHz)/,\$p" "$out" | grep -cE "^[a-z]+/[124]p/[a-z0-9]+ +1410 1410 1410$")" = 16 ]'
     check "results file has the table" 'grep -q "rows outside the band" "$tmp/results.txt"'
     # The reference taken before and after the limited rows (SM_REF_AFTER), under taskset.
     out2=$tmp/out2.txt
@@ -158,6 +165,6 @@ if [ -z "${SM_ONLY:-}" ]; then
         'row2=$(awk "\$1 == \"matmul\" && \$3 == 50 { print \$8 }" "$out2");
          [ -n "$(ref2 again)" ] && grep -q "^matmul/1p: unlimited .* before the limited rows, .* after" "$out2" &&
          awk -v a="$(ref2 none)" -v b="$(ref2 again)" -v r="$row2" "BEGIN { exit !(r > 0 && (r - (a + b) / 2) ^ 2 < 0.01) }"'
-    echo "$((10 - bad)) passed, $bad failed"
+    echo "$((11 - bad)) passed, $bad failed"
 fi
 [ "$bad" = 0 ]

@@ -48,7 +48,10 @@
 # SM_REF_AFTER=1 runs each chosen reference again after its limited rows (row WORK/Pp/again) and
 # takes the mean of the two as the reference, printing both: a launch-bound program's unlimited
 # rate is the CPU's, and moves between rows. SM_CPUS=LIST runs every process under taskset -c
-# LIST (e.g. 2-5), so that rows do not differ in the cores they get.
+# LIST (e.g. 2-5), so that rows do not differ in the cores they get. SM_CLOCKS=1 samples the
+# GPU's SM clock (nvidia-smi, about 4 times a second) while the rows run and prints its mean in
+# each 1-s bin of each row: a launch-bound row's rate moves with the host's speed and with the
+# GPU's clock, and only the second shows there (run 26's small/1p rows).
 # c-tests/gpu/sm_dry.sh runs this script without a GPU (a stand-in torch and nvidia-smi).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -61,6 +64,7 @@ measure=${SM_MEASURE:-5}
 trace=${SM_TRACE:-}
 pipeline=${SM_PIPELINE:-0}
 ref_after=${SM_REF_AFTER:-0}
+clocks=${SM_CLOCKS:-0}
 declare -a pin=()
 [ -n "${SM_CPUS:-}" ] && pin=(taskset -c "$SM_CPUS")
 py="$here/sm_work.py"
@@ -68,9 +72,10 @@ py="$here/sm_work.py"
 tmo=$(awk -v w="$warmup" -v m="$measure" 'BEGIN { printf "%d", 2 * (w + m) + 240 }')
 work=$(mktemp -d /tmp/hami-sm.XXXXXX)
 declare -a cur=() next=()
+sampler=
 cleanup() {
     local pid
-    for pid in "${cur[@]}" "${next[@]}"; do kill "$pid" 2>/dev/null; done
+    for pid in "${cur[@]}" "${next[@]}" $sampler; do kill "$pid" 2>/dev/null; done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -143,8 +148,9 @@ start() {
     mv "$dir/start.tmp" "$dir/start"
 }
 
-# collect ROW: sums its processes' rates and bins into rate[ROW], bins[ROW], unit[ROW].
-declare -A rate=() bins=() unit=()
+# collect ROW: sums its processes' rates and bins into rate[ROW], bins[ROW], unit[ROW], and
+# with SM_CLOCKS=1 the mean SM clock of each bin into clock[ROW].
+declare -A rate=() bins=() unit=() clock=()
 collect() {
     local row=$1 dir=$work/${1//\//_} f v u b
     local sum=0 ok=1
@@ -175,11 +181,24 @@ collect() {
     bins[$row]=$(printf '%s\n' "${lists[@]}" | awk -F, '
         { for (i = 1; i <= NF; i++) s[i] += $i; if (NF > n) n = NF }
         END { for (i = 1; i <= n; i++) printf "%s%.3f", (i > 1 ? "," : ""), s[i]; print "" }')
+    [ "$clocks" = 1 ] || return 0
+    # samples "EPOCH MHZ"; a bin without a sample reads "-"
+    clock[$row]=$(awk -v s="$(cat "$dir/start")" -v n="$(awk -F, '{ print NF }' <<<"${bins[$row]}")" '
+        $2 ~ /^[0-9]+$/ { i = int($1 - s); if ($1 >= s && i < n) { sum[i] += $2; cnt[i]++ } }
+        END { for (i = 0; i < n; i++) printf "%s%s", (i ? " " : ""), (cnt[i] ? int(sum[i] / cnt[i] + 0.5) : "-"); print "" }' \
+        "$work/clocks.txt")
 }
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 echo "$gpu; ${#rows[@]} rows, about $(awk -v n=${#rows[@]} -v w="$warmup" -v m="$measure" 'BEGIN { printf "%d", n * (w + m + 3.5) }') s"
 t_begin=$SECONDS
+if [ "$clocks" = 1 ]; then
+    while :; do
+        echo "$(date +%s.%N) $(nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null | head -1)"
+        sleep 0.25
+    done >"$work/clocks.txt" &
+    sampler=$!
+fi
 spawn "${rows[0]}"
 for idx in "${!rows[@]}"; do
     row=${rows[$idx]}
@@ -224,7 +243,7 @@ reference() {
         echo "$before"
     fi
 }
-declare -a table=() binlines=() drift=()
+declare -a table=() binlines=() clocklines=() drift=()
 for row in "${rows[@]}"; do
     [[ $row == */again ]] || continue
     g=${row%/*}
@@ -250,6 +269,7 @@ for row in "${rows[@]}"; do
     fi
     read -r settle maxdev pcts <<<"$(stats "${bins[$row]}" "$ref" "$target")"
     binlines+=("$(printf '%-16s %s' "$row" "$pcts")")
+    [ "$clocks" = 1 ] && clocklines+=("$(printf '%-16s %s' "$row" "${clock[$row]}")")
     pct=$(awk -v g="$got" -v b="$ref" 'BEGIN { printf "%.1f", (b > 0 ? 100 * g / b : -1) }')
     band=- verdict=ref
     if [ "$l" = plain ]; then
@@ -277,6 +297,10 @@ done
     [ ${#drift[@]} -eq 0 ] || printf '%s\n' "${drift[@]}"
     echo "1-s bins of the summed rate, % of the unlimited rate (none, again, plain: of their own rate):"
     printf '%s\n' "${binlines[@]}"
+    if [ "$clocks" = 1 ]; then
+        echo "SM clock (MHz), mean of the samples in each 1-s bin:"
+        printf '%s\n' "${clocklines[@]}"
+    fi
     echo "$fails rows outside the band or without a result; $late_settle limited rows not settled within 2 s"
 } | tee -a "${HK_RESULTS:-/dev/null}"
 [ "$fails" -eq 0 ]
