@@ -17,6 +17,7 @@ use hami_model::{Sim, SimProc};
 use hami_shm::bucket;
 use hami_shm::layout::SmBucket;
 use hami_shm::platform::Platform;
+use hami_shm::sm_controller::PERIOD_NS;
 
 const MS: u64 = 1_000_000;
 /// Tokens per second: blocks of a 50% limit on an H100 running bf16 matmuls.
@@ -25,7 +26,6 @@ const RATE: u64 = 42_000;
 const COST: u64 = 132;
 /// CPU time of one launch.
 const LAUNCH_NS: u64 = 20_000;
-const PERIOD_NS: u64 = 200 * MS;
 
 /// One read of the controller's.
 #[derive(Debug)]
