@@ -22,7 +22,7 @@ mkdir -p "$tmp/py/torch" "$tmp/bin"
 cat >"$tmp/bin/nvidia-smi" <<'EOF'
 #!/bin/sh
 case "$*" in
-*clocks.sm*) echo 1410 ;;
+*clocks.sm*) while :; do echo 1410; sleep 0.25; done ;;
 *) echo "Stand-in GPU (sm_dry.sh), 0.0" ;;
 esac
 EOF

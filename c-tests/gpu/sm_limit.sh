@@ -193,10 +193,10 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/nu
 echo "$gpu; ${#rows[@]} rows, about $(awk -v n=${#rows[@]} -v w="$warmup" -v m="$measure" 'BEGIN { printf "%d", n * (w + m + 3.5) }') s"
 t_begin=$SECONDS
 if [ "$clocks" = 1 ]; then
-    while :; do
-        echo "$(date +%s.%N) $(nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null | head -1)"
-        sleep 0.25
-    done >"$work/clocks.txt" &
+    # One nvidia-smi for the whole run (starting one per sample would load the host that a
+    # launch-bound row is measured on), its lines stamped as they come (line-buffered).
+    stdbuf -oL nvidia-smi -i 0 --query-gpu=clocks.sm --format=csv,noheader,nounits -lms 250 2>/dev/null |
+        { LC_NUMERIC=C; while read -r mhz; do printf '%s %s\n' "$EPOCHREALTIME" "$mhz"; done; } >"$work/clocks.txt" &
     sampler=$!
 fi
 spawn "${rows[0]}"
