@@ -130,7 +130,7 @@ impl PaceTrack {
                 lo,
                 hi,
             } => {
-                self.state = self.calibrated(measured, seen + 1, pace, (sum, lo, hi));
+                self.state = Self::calibrated(measured, seen + 1, pace, (sum, lo, hi));
                 None
             }
             State::Following {
@@ -179,25 +179,14 @@ impl PaceTrack {
         }
     }
 
-    /// Calibration after its `seen`th step, which read `pace`; `(sum, lo, hi)` of the steps
-    /// before.
-    fn calibrated(
-        &self,
-        measured: f64,
-        seen: u32,
-        pace: f64,
-        (sum, lo, hi): (f64, f64, f64),
-    ) -> State {
-        if seen <= CALIBRATE_SKIP {
-            return State::Calibrating {
-                measured,
-                seen,
-                sum,
-                lo,
-                hi,
-            };
-        }
-        let (sum, lo, hi) = (sum + pace, lo.min(pace), hi.max(pace));
+    /// Calibration after its `seen`th step, which read `pace` (the first [`CALIBRATE_SKIP`] are
+    /// passed over); `(sum, lo, hi)` of the steps before.
+    fn calibrated(measured: f64, seen: u32, pace: f64, (sum, lo, hi): (f64, f64, f64)) -> State {
+        let (sum, lo, hi) = if seen > CALIBRATE_SKIP {
+            (sum + pace, lo.min(pace), hi.max(pace))
+        } else {
+            (sum, lo, hi)
+        };
         if seen < CALIBRATE_SKIP + CALIBRATE_STEPS {
             return State::Calibrating {
                 measured,
