@@ -426,6 +426,8 @@ impl Others {
 ///   re-measurement launched beyond the limit's share of its time (or short of it) is paid back
 ///   over the following steps, so the average stays at L; the start's (the first measurement,
 ///   and the one 2 s after where the start is in doubt) are not: the limit starts after them.
+///   Between measurements, the solo rate of a program bound by its host (its launching
+///   thread's pace agreed with the measured rate) follows that pace ([`crate::pace`]).
 /// - **Time**: NVML's utilisation of the container's processes at most L%, or at most what it
 ///   read once the work was held at the cap after a measurement, whichever is higher. Above it
 ///   the rate falls by [`GAIN`] of the ratio per step, a small step since NVML trails the
