@@ -15,7 +15,6 @@
 //! - [`admission`]: reserve/release against the limit across processes.
 //! - [`bucket`]: the region-wide SM token bucket and its controller.
 //! - [`workload`]: notices when a program's kernels change (the controller measures again).
-//! - [`pace`]: follows a launch-bound program's solo rate from its thread's time outside waits.
 //! - [`context`]: admitting a CUDA context at its real cost, learnt once per device.
 //! - [`fields`]: the named operations on single fields, the inspector's header.
 //! - [`host_pid`]: claiming a host pid in a slot, never by two live slots.
@@ -33,7 +32,6 @@ pub mod host_pid;
 pub mod init;
 pub mod layout;
 pub mod lock;
-pub mod pace;
 pub mod platform;
 #[cfg(feature = "raw-fields")]
 pub mod raw;

@@ -12,7 +12,6 @@
 use core::ops::ControlFlow;
 
 use crate::bucket::tokens_in;
-use crate::pace::{Pace, PaceTrack};
 use crate::workload::{KernelSet, Watch};
 
 /// What the controller saw over one period.
@@ -36,8 +35,6 @@ pub struct Sample {
     pub others_present: bool,
     /// The kernels launched during the period ([`crate::workload`]); empty where unknown.
     pub kernels: KernelSet,
-    /// The controller's own process's pace ([`crate::pace`]), where one of its threads launched.
-    pub pace: Option<Pace>,
 }
 
 /// What the controller sets: the refill rate (0 = unmetered) and whether starting to meter
@@ -177,9 +174,6 @@ const SAME_WORK: f64 = 0.12;
 /// the newest always moves the rate by a quarter of its difference at least, so that a drift
 /// of the work's own rate is followed within a few re-measurements.
 const WEIGHT_MAX: f64 = 3.0;
-/// Share of the period's blocks the controller's own process must have launched for its pace to
-/// stand for the container's (a launch may count in the region before it counts in the process).
-const SOLE_LAUNCHER: f64 = 0.98;
 /// The weight of the first measurement (six steps, their mean without the extremes) against a
 /// re-measurement's one step; none where the start is in doubt (`Controller::start_in_doubt`).
 const FIRST_WEIGHT: f64 = 2.0;
@@ -426,8 +420,6 @@ impl Others {
 ///   re-measurement launched beyond the limit's share of its time (or short of it) is paid back
 ///   over the following steps, so the average stays at L; the start's (the first measurement,
 ///   and the one 2 s after where the start is in doubt) are not: the limit starts after them.
-///   Between measurements, the solo rate of a program bound by its host (its launching
-///   thread's pace agreed with the measured rate) follows that pace ([`crate::pace`]).
 /// - **Time**: NVML's utilisation of the container's processes at most L%, or at most what it
 ///   read once the work was held at the cap after a measurement, whichever is higher. Above it
 ///   the rate falls by [`GAIN`] of the ratio per step, a small step since NVML trails the
@@ -504,8 +496,6 @@ pub struct Controller {
     /// than it is paid back.
     costlier_steps: u32,
     cost_check_armed: bool,
-    /// Follows the solo rate of a host-bound program between measurements ([`crate::pace`]).
-    pace: PaceTrack,
     /// State of the generator of random step counts.
     seed: u64,
 }
@@ -550,7 +540,6 @@ impl Controller {
             work_changed: false,
             costlier_steps: 0,
             cost_check_armed: true,
-            pace: PaceTrack::default(),
             seed: mix(seed),
         };
         c.next_check = c.random_steps(FIRST_CHECK_MIN, FIRST_CHECK_MAX);
@@ -592,11 +581,6 @@ impl Controller {
     /// The measured solo rate in blocks per second, once measured (for the trace).
     pub fn full_rate(&self) -> Option<f64> {
         self.full_rate
-    }
-
-    /// Whether the solo rate follows the program's pace (it was found host-bound; for the trace).
-    pub fn following_pace(&self) -> bool {
-        self.pace.following()
     }
 
     /// The work cap: the limit's share of the measured solo rate.
@@ -698,9 +682,6 @@ impl Controller {
                 self.full_rate = Some(solo);
                 self.weight = 1.0;
             }
-        }
-        if let Some(f) = self.full_rate {
-            self.pace.measured(f);
         }
     }
 
@@ -832,27 +813,6 @@ impl Controller {
         }
     }
 
-    /// The solo rate a metered step's pace moves the program to ([`crate::pace`]), if any. Only
-    /// a step held back tells the pace, only one in which this process did (nearly) all the
-    /// container's launches tells the container's, and only on a GPU not shared with other
-    /// containers (their work would slow the thread's waits on the GPU) and for a program not
-    /// in bursts (a burst's edges are not its pace).
-    fn follow_pace(&mut self, s: &Sample) -> Option<f64> {
-        let solo = self.full_rate?;
-        let sole = |p: &Pace| p.blocks as f64 >= SOLE_LAUNCHER * s.consumed as f64;
-        let pace = s
-            .pace
-            .filter(|p| s.starved && sole(p) && !s.others_present && !self.shared() && !self.bursty)
-            .and_then(|p| p.rate());
-        match pace {
-            Some(pace) => self.pace.step(pace, solo),
-            None => {
-                self.pace.skip();
-                None
-            }
-        }
-    }
-
     /// The setting for the next period, after `s`.
     pub fn step(&mut self, s: Sample) -> Setting {
         self.work_changed |= self.watch.changed(s.kernels);
@@ -876,7 +836,6 @@ impl Controller {
                     }
                     ControlFlow::Break((rate, end)) => {
                         self.full_rate = Some(rate);
-                        self.pace.measured(rate);
                         self.weight = FIRST_WEIGHT;
                         self.start_in_doubt = end == ProbeEnd::RanOut;
                         self.bursty = end == ProbeEnd::Bursts;
@@ -991,17 +950,6 @@ impl Controller {
                     // No time reading: the work cap alone.
                     None => self.rate = self.cap(),
                 }
-                // A move of the solo rate starts the NVML lag and the time reference afresh, as
-                // a measurement does: NVML's readings still describe the old cap.
-                let steps = match self.follow_pace(&s) {
-                    Some(solo) => {
-                        self.full_rate = Some(solo);
-                        self.rate = self.cap();
-                        self.time_ref = None;
-                        0
-                    }
-                    None => steps,
-                };
                 self.rate = self.rate.min(self.cap()).max(1.0);
                 self.watch_device(steps, &s);
                 self.next_check = self.next_check.saturating_sub(1);
@@ -1065,9 +1013,6 @@ mod tests {
         shares: Vec<f64>,
         /// The kernels the program launches.
         kernels: KernelSet,
-        /// Where set, its launching thread's pace reads this factor times the rate it runs at
-        /// (about 1: bound by the host; several: waits on the GPU), and the sample gives it.
-        pace_factor: Option<f64>,
     }
 
     impl SimGpu {
@@ -1085,7 +1030,6 @@ mod tests {
                 nvml: true,
                 shares: Vec::new(),
                 kernels: KernelSet::of(1),
-                pace_factor: None,
             }
         }
 
@@ -1135,10 +1079,6 @@ mod tests {
                 } else {
                     KernelSet::EMPTY
                 },
-                pace: self.pace_factor.map(|k| Pace {
-                    blocks: done as u64,
-                    busy_ns: (done / (k * self.demand.min(self.capacity)) * 1e9) as u64,
-                }),
             }
         }
 
@@ -1504,49 +1444,6 @@ mod tests {
         }
     }
 
-    /// Run 26's single process of small kernels: its host sped up by a third 4 s after its
-    /// start, after its measurement (from 76% of its later rate to 105%). Held back, it shows
-    /// the speed-up only in its thread's pace (read at 91.5% and 98% of its rate, as on an
-    /// H100), which the controller follows: from 1 s after the speed-up every second of its
-    /// work is within 3 points of the limit's share of what it then does alone. Mutation:
-    /// without following the pace, 25 holds at 18.1%.
-    #[test]
-    fn a_host_that_speeds_up_after_the_measurement_is_followed() {
-        for k in [0.915, 0.98] {
-            for target in [25, 50, 75] {
-                let mut gpu = SimGpu::new(0.76e6, 1e9, target, 2);
-                gpu.pace_factor = Some(k);
-                let mut c = Controller::new(target, 1);
-                let mut set = UNMETERED;
-                gpu.drive(&mut c, &mut set, 20);
-                gpu.capacity = 1.05e6;
-                gpu.drive(&mut c, &mut set, 40);
-                let t = target as f64;
-                let what = std::format!("target {target}, pace {k}");
-                each_second_within(&gpu.shares[10..20], 2, (t - 3.0, t + 3.0), &what);
-                each_second_within(&gpu.shares[25..60], 5, (t - 3.0, t + 3.0), &what);
-            }
-        }
-    }
-
-    /// A program bound by the GPU, whose thread's pace reads four times its rate and then, with
-    /// the work unchanged, five times (its waits on the GPU shortened): its solo rate is left
-    /// alone. Mutation: following any pace moves 25 to 31%.
-    #[test]
-    fn the_pace_of_a_program_bound_by_the_gpu_is_not_followed() {
-        for target in [25, 50, 75] {
-            let mut gpu = SimGpu::new(1e6, 1e9, target, 2);
-            gpu.pace_factor = Some(4.0);
-            let mut c = Controller::new(target, 1);
-            let mut set = UNMETERED;
-            gpu.drive(&mut c, &mut set, 20);
-            gpu.pace_factor = Some(5.0);
-            gpu.drive(&mut c, &mut set, 40);
-            let t = target as f64;
-            each_second_within(&gpu.shares[10..60], 2, (t - 3.0, t + 3.0), "GPU-bound");
-        }
-    }
-
     /// A steady program, on GPUs that read NVML late by 0 to 5 periods: from 2 s after its
     /// start every second of its work is within 3 points of the limit, until the first
     /// scheduled re-measurement (20 s). Mutation: the start's second measurement taken whatever
@@ -1854,7 +1751,6 @@ mod tests {
                     } else {
                         KernelSet::EMPTY
                     },
-                    pace: None,
                 };
                 if let Some(c) = t.ctl.as_mut() {
                     t.set = c.step(sample);
@@ -2066,7 +1962,6 @@ mod tests {
             device_util: Some(device),
             others_present: true,
             kernels: KernelSet::EMPTY,
-            pace: None,
         };
         let mut set = UNMETERED;
         let mut pauses = Vec::new();
@@ -2106,7 +2001,6 @@ mod tests {
             device_util: Some(device),
             others_present: true,
             kernels: KernelSet::EMPTY,
-            pace: None,
         };
         let mut paused_at = None;
         for step in 0..200u32 {
@@ -2205,7 +2099,6 @@ mod tests {
             device_util: None,
             others_present: false,
             kernels: KernelSet::EMPTY,
-            pace: None,
         };
         let mut first = UNMETERED;
         for _ in 0..PROBE_MIN_STEPS {
@@ -2222,7 +2115,6 @@ mod tests {
                 device_util: None,
                 others_present: false,
                 kernels: KernelSet::EMPTY,
-                pace: None,
             });
             assert!(r.rate <= first.rate, "rate grew to {} while idle", r.rate);
         }

@@ -16,22 +16,15 @@
 //! Only devices that this process launches on are controlled: a limit set for all 16 devices
 //! takes no lease, writes no bucket and warns about nothing on devices that do not exist.
 //!
-//! Each metered launch also counts, per device and in this process, its blocks and the time it
-//! waited for tokens, and which threads launched (`note_launch`): the controller's process
-//! hands that to the controller as its pace (`hami_shm::pace`), which follows a launch-bound
-//! program whose host speeds up or slows down while the limit holds it back.
-//!
 //! Each metered launch also marks its kernel in a process-local set per device
 //! (`hami_shm::workload`), which the controller takes every period to notice new work: so a
 //! change of kernels is seen in the process that holds the device's lease, not in the others.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use hami_shm::bucket;
 use hami_shm::layout::ABI_DEVS;
-use hami_shm::pace::Pace;
 use hami_shm::platform::Platform;
 use hami_shm::sm_controller::{Controller, Sample, PERIOD_NS};
 use hami_shm::workload::{KernelSet, WORDS};
@@ -57,20 +50,6 @@ static USED: AtomicU32 = AtomicU32::new(0);
 /// The kernels this process launched on each region device this period (see `note_kernel`).
 static KERNELS: [[AtomicU64; WORDS]; ABI_DEVS] =
     [const { [const { AtomicU64::new(0) }; WORDS] }; ABI_DEVS];
-
-/// This process's metered launches on each region device this period: blocks, nanoseconds
-/// waited for tokens, and threads that launched.
-static OWN_BLOCKS: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
-static OWN_WAITED_NS: [AtomicU64; ABI_DEVS] = [const { AtomicU64::new(0) }; ABI_DEVS];
-static LAUNCHERS: [AtomicU32; ABI_DEVS] = [const { AtomicU32::new(0) }; ABI_DEVS];
-/// The controller's period number, which a thread compares with its own to count itself once a
-/// period in `LAUNCHERS`.
-static PERIOD: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// The period this thread last launched in, and the devices it launched on then.
-    static LAUNCHED_IN: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
-}
 
 /// What NVML tells the controller about region device `dev` over the last period.
 #[derive(Clone, Copy, Debug, Default)]
@@ -130,42 +109,8 @@ pub fn before_launch(dev: usize, blocks: u64, kernel: usize) {
     }
     note_kernel(dev, kernel);
     if let Some(b) = rt.ext.bucket(dev) {
-        let waited = bucket::consume(b, &rt.platform, blocks.max(1));
-        note_launch(dev, blocks.max(1), waited);
+        bucket::consume(b, &rt.platform, blocks.max(1));
     }
-}
-
-/// Counts a metered launch of `blocks` that waited `waited_ns` for tokens in this period's pace,
-/// and its thread among the period's launchers (once).
-fn note_launch(dev: usize, blocks: u64, waited_ns: u64) {
-    OWN_BLOCKS[dev].fetch_add(blocks, Ordering::Relaxed);
-    if waited_ns > 0 {
-        OWN_WAITED_NS[dev].fetch_add(waited_ns, Ordering::Relaxed);
-    }
-    let period = PERIOD.load(Ordering::Relaxed);
-    // A thread being torn down has no slot left: it is not counted (the pace is then off).
-    let _ = LAUNCHED_IN.try_with(|cell| {
-        let (seen, mut devs) = cell.get();
-        if seen != period {
-            devs = 0;
-        }
-        if devs & (1 << dev) == 0 {
-            cell.set((period, devs | 1 << dev));
-            LAUNCHERS[dev].fetch_add(1, Ordering::Relaxed);
-        }
-    });
-}
-
-/// This process's pace on `dev` over a period of `period_ns` (counters emptied for the next):
-/// none unless exactly one of its threads launched (the waits of several threads overlap).
-fn take_pace(dev: usize, period_ns: u64) -> Option<Pace> {
-    let blocks = OWN_BLOCKS[dev].swap(0, Ordering::Relaxed);
-    let waited = OWN_WAITED_NS[dev].swap(0, Ordering::Relaxed);
-    let threads = LAUNCHERS[dev].swap(0, Ordering::Relaxed);
-    (threads == 1 && waited < period_ns).then(|| Pace {
-        blocks,
-        busy_ns: period_ns - waited,
-    })
 }
 
 /// Marks `kernel` among this period's kernels on `dev`: one relaxed load, and an atomic OR only
@@ -248,14 +193,6 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
         let id = rt.platform.self_id();
         let me = id.pid() as u32;
         let used = mask & USED.load(Ordering::Relaxed);
-        // Every device's pace first, then the next period: a thread counts itself in the next
-        // period's launchers only once that period's count has started.
-        let paces: [Option<Pace>; ABI_DEVS] = std::array::from_fn(|d| {
-            (used & (1 << d) != 0)
-                .then(|| take_pace(d, period_ns))
-                .flatten()
-        });
-        PERIOD.fetch_add(1, Ordering::Relaxed);
         for dev in (0..ABI_DEVS).filter(|d| used & (1 << d) != 0) {
             let Some(b) = rt.ext.bucket(dev) else {
                 continue;
@@ -264,7 +201,6 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
             let consumed = spent.wrapping_sub(last_spent[dev]);
             last_spent[dev] = spent;
             let kernels = take_kernels(dev);
-            let pace = paces[dev];
             if counted & (1 << dev) == 0 {
                 // First period with launches here: start counting from now.
                 counted |= 1 << dev;
@@ -301,11 +237,10 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 device_util: view.device_util,
                 others_present: view.others_present,
                 kernels,
-                pace,
             });
             bucket::set_rate(b, set.rate, set.forgive_debt);
             log_debug!(
-                "sm-limit device {dev}: utilisation {}% (device {}%{}, limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s, {} (solo {}/s, pace {}/s{})",
+                "sm-limit device {dev}: utilisation {}% (device {}%{}, limit {limit}%), {consumed} blocks in {} ms{}, rate {}/s, {} (solo {}/s)",
                 view.util.map_or(-1.0, f64::round),
                 view.device_util.map_or(-1.0, f64::round),
                 if view.others_present { ", others present" } else { "" },
@@ -313,45 +248,8 @@ fn controller_loop(rt: &'static Runtime, mask: u32) {
                 if starved { " (held back)" } else { "" },
                 set.rate,
                 c.phase_name(),
-                c.full_rate().map_or(-1.0, f64::round),
-                pace.and_then(|p| p.rate()).map_or(-1.0, f64::round),
-                if c.following_pace() { ", followed" } else { "" }
+                c.full_rate().map_or(-1.0, f64::round)
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// One launching thread gives the period's pace (its blocks over the period less its
-    /// waits), counted afresh each period; two threads give none, since their waits overlap.
-    /// Mutation: counting a thread at every launch (not once a period) gives none for one.
-    #[test]
-    fn the_pace_is_one_threads_blocks_over_its_time_outside_waits() {
-        // A device of its own: the counters are the process's.
-        let dev = ABI_DEVS - 1;
-        let period = 200_000_000;
-        note_launch(dev, 1000, 50_000_000);
-        note_launch(dev, 500, 0);
-        let pace = take_pace(dev, period).expect("one thread");
-        assert_eq!(pace.blocks, 1500);
-        assert_eq!(pace.busy_ns, 150_000_000);
-        PERIOD.fetch_add(1, Ordering::Relaxed);
-        note_launch(dev, 10, 0);
-        assert!(
-            take_pace(dev, period).is_some(),
-            "counted again next period"
-        );
-        PERIOD.fetch_add(1, Ordering::Relaxed);
-        note_launch(dev, 10, 0);
-        std::thread::spawn(move || note_launch(dev, 10, 0))
-            .join()
-            .unwrap();
-        assert_eq!(take_pace(dev, period), None, "two threads");
-        PERIOD.fetch_add(1, Ordering::Relaxed);
-        note_launch(dev, 10, period);
-        assert_eq!(take_pace(dev, period), None, "waited the whole period");
     }
 }
