@@ -194,9 +194,32 @@ struct TimeRef {
     lowest: f64,
     highest: f64,
     readings: u32,
-    /// The latest readings, newest last, and how many of them are in.
-    latest: [f64; COSTLIER_READINGS],
-    latest_count: usize,
+    latest: Latest<COSTLIER_READINGS>,
+}
+
+/// The last `N` readings in a row, newest last, and how many of them are in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Latest<const N: usize> {
+    values: [f64; N],
+    count: usize,
+}
+
+impl<const N: usize> Latest<N> {
+    const NONE: Latest<N> = Latest {
+        values: [0.0; N],
+        count: 0,
+    };
+
+    fn push(&mut self, reading: f64) {
+        self.values.rotate_left(1);
+        self.values[N - 1] = reading;
+        self.count = (self.count + 1).min(N);
+    }
+
+    /// Whether all `N` are in.
+    fn full(&self) -> bool {
+        self.count == N
+    }
 }
 
 impl TimeRef {
@@ -206,8 +229,7 @@ impl TimeRef {
         lowest: f64::MAX,
         highest: f64::MIN,
         readings: 0,
-        latest: [0.0; COSTLIER_READINGS],
-        latest_count: 0,
+        latest: Latest::NONE,
     };
 
     /// Takes a reading of the work held at the cap into the reference, until it is complete.
@@ -222,9 +244,7 @@ impl TimeRef {
 
     /// Notes a reading (any, once NVML reads the metered work) among the latest.
     fn note(&mut self, util: f64) {
-        self.latest.rotate_left(1);
-        self.latest[COSTLIER_READINGS - 1] = util;
-        self.latest_count = (self.latest_count + 1).min(COSTLIER_READINGS);
+        self.latest.push(util);
     }
 
     fn complete(&self) -> bool {
@@ -240,10 +260,10 @@ impl TimeRef {
     /// [`TIME_SLACK`] and the spread of its readings: more than NVML's noise (the spread of 10
     /// readings alone, as the slack, still took noise of ± 4 points for a rise now and then).
     fn costlier(&self) -> bool {
-        let latest = self.latest.iter().sum::<f64>() / COSTLIER_READINGS as f64;
+        let latest = self.latest.values.iter().sum::<f64>() / COSTLIER_READINGS as f64;
         let slack = TIME_SLACK + (self.highest - self.lowest);
         self.complete()
-            && self.latest_count == COSTLIER_READINGS
+            && self.latest.full()
             && self.level().is_some_and(|level| latest > level + slack)
     }
 }
@@ -541,9 +561,8 @@ pub struct Controller {
     /// Whether the program works in bursts: the first measurement found it so, or it went idle
     /// since. Its re-measurements may take a burst's edges.
     bursty: bool,
-    /// The device's last readings in metered steps (newest last), and how many in a row.
-    recent: [f64; RECENT],
-    recent_count: u32,
+    /// The device's last readings in metered steps.
+    recent: Latest<RECENT>,
     /// Metered steps a due pause has waited for the device to read steadily, and how many it
     /// waits at most this time (random: two containers that both wait must not go together).
     deferred_steps: u32,
@@ -597,8 +616,7 @@ impl Controller {
             started: false,
             start_in_doubt: false,
             bursty: false,
-            recent: [0.0; RECENT],
-            recent_count: 0,
+            recent: Latest::NONE,
             deferred_steps: 0,
             defer_limit: DEFER_MAX_STEPS,
             others: [0.0; OTHERS_KEPT],
@@ -848,20 +866,23 @@ impl Controller {
     fn device_steady(&self) -> bool {
         let (lo, hi) = self
             .recent
+            .values
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-        self.recent_count as usize >= RECENT && hi - lo <= STEADY_POINTS
+        self.recent.full() && hi - lo <= STEADY_POINTS
     }
 
     /// Keeps the device's last readings for [`Controller::device_steady`].
     fn watch_device(&mut self, steps: u32, s: &Sample) {
-        let Some(d) = s.device_util else {
-            self.recent_count = 0;
-            return;
-        };
-        self.recent.rotate_left(1);
-        self.recent[RECENT - 1] = d;
-        self.recent_count = if steps == 0 { 1 } else { self.recent_count + 1 };
+        match s.device_util {
+            Some(d) => {
+                if steps == 0 {
+                    self.recent = Latest::NONE;
+                }
+                self.recent.push(d);
+            }
+            None => self.recent = Latest::NONE,
+        }
     }
 
     /// The container's own share of the device's time in percent: NVML's reading of its
