@@ -1639,6 +1639,20 @@ mod tests {
         }
     }
 
+    /// The device reads steadily only over [`RECENT`] readings since the last measurement: the
+    /// empty places of the window are not readings, though of a device near idle they would
+    /// read as steady ones. Mutation: without the check that the window is full, one reading of
+    /// 2% passes for a steady device.
+    #[test]
+    fn the_device_is_steady_only_over_a_full_window_of_readings() {
+        let mut c = Controller::new(50, 1);
+        for _ in 0..RECENT {
+            assert!(!c.device_steady(), "{:?}", c.recent);
+            c.recent.push(2.0);
+        }
+        assert!(c.device_steady());
+    }
+
     /// Set-up launches at full speed, then work that launches 30% less: the measurement waits
     /// until the rate stops falling, and takes the work's. Mutation: a fall of any size accepted
     /// measures 132.1% of the work's rate. (Without the bound on a rise, a program that warms up
