@@ -182,21 +182,6 @@ const WEIGHT_MAX: f64 = 3.0;
 /// re-measurement's one step; none where the start is in doubt (`Controller::start_in_doubt`).
 const FIRST_WEIGHT: f64 = 2.0;
 
-/// What NVML read of the work held at the cap after a measurement, against which the time
-/// check tells blocks that came to cost more from NVML's noise: the mean and spread of its
-/// first [`TIME_REF_READINGS`] readings there, and the latest readings since. Two processes of
-/// the graph/kernel mix read 39 to 46% at one cap on an H100; with a single reading (41) for
-/// reference, two readings of 45 passed for costlier blocks and brought on a re-measurement
-/// (run 28: 31% for 25).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct TimeRef {
-    sum: f64,
-    lowest: f64,
-    highest: f64,
-    readings: u32,
-    latest: Latest<COSTLIER_READINGS>,
-}
-
 /// The last `N` readings in a row, newest last, and how many of them are in.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Latest<const N: usize> {
@@ -220,6 +205,21 @@ impl<const N: usize> Latest<N> {
     fn full(&self) -> bool {
         self.count == N
     }
+}
+
+/// What NVML read of the work held at the cap after a measurement, against which the time
+/// check tells blocks that came to cost more from NVML's noise: the mean and spread of its
+/// first [`TIME_REF_READINGS`] readings there, and the latest readings since. Two processes of
+/// the graph/kernel mix read 39 to 46% at one cap on an H100; with a single reading (41) for
+/// reference, two readings of 45 passed for costlier blocks and brought on a re-measurement
+/// (run 28: 31% for 25).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct TimeRef {
+    sum: f64,
+    lowest: f64,
+    highest: f64,
+    readings: u32,
+    latest: Latest<COSTLIER_READINGS>,
 }
 
 impl TimeRef {
@@ -354,7 +354,7 @@ impl Probe {
     /// matmul process on an H100, run 24), where the median of three read 4% high and the mean
     /// without the highest and lowest of six read 4.1% low (run 29's matmul at 75: 71.9). Over
     /// the 24 H100 starts of runs 26 and 29, the mean of the full steps read 98.3 to 101.3% of
-    /// the rate the limit then held (standard deviation 0.9%), that trimmed mean 96.1 to 102.3%
+    /// the rate the limit then held (standard deviation 0.9%), that trimmed mean 95.9 to 102.2%
     /// (1.6%). A program in bursts is measured over six
     /// busy steps since it first went idle, as the second highest of them: a burst's edges
     /// read low, and its first full step may read high (launches queueing: 17952 blocks
