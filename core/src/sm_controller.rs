@@ -1664,7 +1664,7 @@ mod tests {
             let mut steps = 0;
             for &count in counts.iter() {
                 c.step(Sample {
-                    util: Some(if count > 0.0 { 90.0 } else { 0.0 }),
+                    util: None,
                     consumed: count as u64,
                     period_ns: 204_000_000,
                     starved: false,
