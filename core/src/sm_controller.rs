@@ -137,6 +137,21 @@ pub const REPAY_POINTS: f64 = 1.5;
 const RECENT: usize = 5;
 /// See [`RECENT`].
 const STEADY_POINTS: f64 = 5.0;
+/// Points of the limit by which the container's own time at its cap may raise a paused
+/// re-measurement's solo rate at most ([`Controller::solo_rate`]): where that reading errs
+/// high, the limit stays within these points above what the unthrottled rate gives (25 at 28
+/// or under, 12% more).
+const OWN_TIME_RAISE_POINTS: f64 = 3.0;
+/// The least share of the device's time the container's own work must add to the others' for
+/// its reading to be used (a point of NVML's noise is then an eighth of it at most).
+const OWN_TIME_MIN: f64 = 0.08;
+/// A point of the device's reading, by which the container's own time is taken high: NVML's
+/// readings move by a point at a steady rate, and the higher of two estimates would otherwise
+/// take that noise for a higher solo rate.
+const NOISE_SHARE: f64 = 0.01;
+/// Device readings at or above this share say nothing of the container's own time: the device
+/// is saturated, and its work squeezed.
+const SATURATED: f64 = 0.9;
 /// Steps a due pause waits for a steady device at most: a random number from
 /// [`DEFER_MIN_STEPS`] (2 s) to this (8 s). A wait is bounded: a device whose readings never
 /// settle (bursty neighbours) must not keep the container at a first measurement taken beside
@@ -582,8 +597,13 @@ pub struct Controller {
     /// Whether the program works in bursts: the first measurement found it so, or it went idle
     /// since. Its re-measurements may take a burst's edges.
     bursty: bool,
-    /// The device's last readings in metered steps.
+    /// The device's last readings in metered steps, and the blocks per second the container
+    /// launched in them.
     recent: Latest<RECENT>,
+    recent_launched: Latest<RECENT>,
+    /// The device's mean reading (0..=1) and the container's launches per second over the
+    /// steady metered steps before the current pause, if it followed such steps.
+    before_pause: Option<(f64, f64)>,
     /// Metered steps a due pause has waited for the device to read steadily, and how many it
     /// waits at most this time (random: two containers that both wait must not go together).
     deferred_steps: u32,
@@ -638,6 +658,8 @@ impl Controller {
             start_in_doubt: false,
             bursty: false,
             recent: Latest::NONE,
+            recent_launched: Latest::NONE,
+            before_pause: None,
             deferred_steps: 0,
             defer_limit: DEFER_MAX_STEPS,
             others: [0.0; OTHERS_KEPT],
@@ -756,7 +778,7 @@ impl Controller {
             // Not metered meanwhile at a cap known to be wrong.
             return match others {
                 Others::Unknown => self.remeasure_plain(),
-                _ => self.pause_before(),
+                _ => self.pause_before(None),
             };
         }
         self.phase = Phase::Metered { steps: 0 };
@@ -813,7 +835,33 @@ impl Controller {
         }
         // Time slices are shared equally among contexts that have work, so while this one ran
         // unthrottled the others kept at most half the time, whatever they took while it paused.
-        self.take_rate(launched / (1.0 - others.min(FAIR_SHARE)));
+        let unthrottled = launched / (1.0 - others.min(FAIR_SHARE));
+        self.take_rate(self.solo_rate(others, unthrottled));
+    }
+
+    /// The solo rate of a paused re-measurement whose unthrottled rate, scaled by the others'
+    /// share `others`, came to `unthrottled`: raised to what the container's own time gives,
+    /// where that is higher. The own time is what it launched in the steady metered steps
+    /// before the pause over its share of the device's time then (the device's reading less
+    /// the others'). Beside a neighbour at its cap the unthrottled rate reads 4 to 15% low on
+    /// an H100 (runs 25 to 33: the neighbour's contexts take more time beside unthrottled work
+    /// than the pause reads), while the own time came within 3% there (run 33: 18.5k blocks/s
+    /// in 22 points of the device's time, solo 82.2k). It is used only where the container's
+    /// share is large enough to read and the device not saturated, and raises the rate by
+    /// [`OWN_TIME_RAISE_POINTS`] of the limit at most: on a GPU whose reading curves up more
+    /// steeply at low load, or beside a neighbour whose rate moved between the metered steps and
+    /// the pause, it reads high.
+    fn solo_rate(&self, others: f64, unthrottled: f64) -> f64 {
+        match self.before_pause {
+            Some((device, launched)) if device < SATURATED && device - others >= OWN_TIME_MIN => {
+                let own = launched / (device - others + NOISE_SHARE);
+                own.clamp(
+                    unthrottled,
+                    unthrottled * (1.0 + OWN_TIME_RAISE_POINTS / self.target),
+                )
+            }
+            _ => unthrottled,
+        }
     }
 
     /// Ends the start on the first measurement alone: what follows is as after a second one.
@@ -823,8 +871,10 @@ impl Controller {
         self.next_check = REMEASURE_EVERY;
     }
 
-    /// Starts a paused re-measurement.
-    fn pause_before(&mut self) -> Setting {
+    /// Starts a paused re-measurement, after metered steps that read `steady` (see
+    /// [`Controller::steady_reading`]; `None`: unsteady, or not metered at a known cap).
+    fn pause_before(&mut self, steady: Option<(f64, f64)>) -> Setting {
+        self.before_pause = steady;
         self.phase = Phase::PausedBefore {
             steps: 0,
             readings: Readings::NONE,
@@ -854,7 +904,7 @@ impl Controller {
         if plain {
             self.remeasure_plain()
         } else {
-            self.pause_before()
+            self.pause_before(None)
         }
     }
 
@@ -893,17 +943,28 @@ impl Controller {
         self.recent.full() && hi - lo <= STEADY_POINTS
     }
 
-    /// Keeps the device's last readings for [`Controller::device_steady`].
-    fn watch_device(&mut self, steps: u32, s: &Sample) {
+    /// Keeps the device's last readings for [`Controller::device_steady`], and what the
+    /// container launched meanwhile for [`Controller::steady_reading`].
+    fn watch_device(&mut self, steps: u32, s: &Sample, launched: f64) {
         match s.device_util {
             Some(d) => {
                 if steps == 0 {
                     self.recent = Latest::NONE;
+                    self.recent_launched = Latest::NONE;
                 }
                 self.recent.push(d);
+                self.recent_launched.push(launched);
             }
             None => self.recent = Latest::NONE,
         }
+    }
+
+    /// The device's mean reading (0..=1) over the last metered steps, and the container's
+    /// launches per second in them, if the device read steadily.
+    fn steady_reading(&self) -> Option<(f64, f64)> {
+        let mean = |l: &Latest<RECENT>| l.values.iter().sum::<f64>() / RECENT as f64;
+        self.device_steady()
+            .then(|| (mean(&self.recent) / 100.0, mean(&self.recent_launched)))
     }
 
     /// The container's own share of the device's time in percent: NVML's reading of its
@@ -1060,7 +1121,7 @@ impl Controller {
                     None => self.rate = self.cap(),
                 }
                 self.rate = self.rate.min(self.cap()).max(1.0);
-                self.watch_device(steps, &s);
+                self.watch_device(steps, &s, launched);
                 self.next_check = self.next_check.saturating_sub(1);
                 if s.consumed > 0 || !self.started {
                     self.plain_in = self.plain_in.saturating_sub(1);
@@ -1083,7 +1144,7 @@ impl Controller {
                 }
                 if self.pause_due(worth, s.starved) {
                     self.cost_check_armed = true;
-                    return self.pause_before();
+                    return self.pause_before(self.steady_reading());
                 }
                 if s.starved && plain && self.plain_in == 0 {
                     self.cost_check_armed = true;
@@ -2092,15 +2153,18 @@ mod tests {
     /// Two containers at 25 each on a GPU that behaves as the H100 did (run 23): NVML reads a
     /// busy share on a curve (20% for 24% of the work), and context switches cost an
     /// unthrottled re-measurement beside a neighbour at its cap 5 points of the GPU's time. The
-    /// pauses then read the neighbour low and the re-measurement reads low, so each container's
-    /// solo estimate comes out about 12% low: 21.9 to 23.5% over the seeds (the H100: 21.6 to
-    /// 22.9, run 25), under the limit, never over. Mutation: the rate measured beside the
-    /// neighbour taken as the solo rate gives 18.4%. A correction for either effect needs the
-    /// curves of the GPU and of the work: reading the neighbour at 1.5 times what the pauses
-    /// read gives 24.5 to 25.4% here, and 28.9% on a GPU without these effects
-    /// (`two_containers_each_get_their_own_share`).
+    /// pauses then read the neighbour low and the re-measurement reads low, so the unthrottled
+    /// solo estimate comes out about 12% low (the H100: 4 to 15%, runs 25 to 33); the
+    /// container's own time at its cap raises it. Over the 60 seeds each container gets 21.5 to
+    /// 26.5% (here 21.8 to 26.0) and all together 24% or more on average (here 24.3).
+    /// Mutation: without the own time (the unthrottled estimate alone, as before) they got
+    /// 21.9 to 23.5%, 22.7 on average. Where that reading errs high the raise is bounded
+    /// (`a_noisy_device_does_not_hold_the_pauses_off`: unbounded, 100 of its 1000 seeds
+    /// settle at 29 to 33%), and a point of noise is taken off it
+    /// (`two_containers_each_get_their_own_share`: without, a seed settles at 28.0%).
     #[test]
-    fn two_containers_on_a_gpu_with_switch_costs_stay_under_their_share() {
+    fn two_containers_on_a_gpu_with_switch_costs_get_about_their_share() {
+        let mut all = Vec::new();
         for seed in SEEDS {
             let mut gpu = SharedGpu::new(&[Some(25), Some(25)], seed);
             gpu.nvml_curve = 1.14;
@@ -2109,11 +2173,14 @@ mod tests {
             for i in 0..2 {
                 let share = gpu.share(i, 75);
                 assert!(
-                    (20.0..=25.5).contains(&share),
+                    (21.5..=26.5).contains(&share),
                     "seed {seed}: container {i} got {share:.1}% of its solo rate"
                 );
+                all.push(share);
             }
         }
+        let average = mean(&all);
+        assert!(average >= 24.0, "{average:.2}% of the solo rate on average");
     }
 
     /// Two containers with their own limits, started together on one GPU: each gets its own
