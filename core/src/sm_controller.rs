@@ -955,7 +955,10 @@ impl Controller {
                 self.recent.push(d);
                 self.recent_launched.push(launched);
             }
-            None => self.recent = Latest::NONE,
+            None => {
+                self.recent = Latest::NONE;
+                self.recent_launched = Latest::NONE;
+            }
         }
     }
 
