@@ -2162,7 +2162,7 @@ mod tests {
     /// 26.5% (here 21.8 to 26.0) and all together 24% or more on average (here 24.3).
     /// Mutation: without the own time (the unthrottled estimate alone, as before) they got
     /// 21.9 to 23.5%, 22.7 on average. Where that reading errs high the raise is bounded
-    /// (`a_noisy_device_does_not_hold_the_pauses_off`: unbounded, 100 of its 1000 seeds
+    /// (`a_noisy_device_does_not_hold_the_pauses_off`: unbounded, 101 of its 1000 seeds
     /// settle at 29 to 33%), and a point of noise is taken off it
     /// (`two_containers_each_get_their_own_share`: without, a seed settles at 28.0%).
     #[test]
