@@ -845,12 +845,13 @@ impl Controller {
     /// before the pause over its share of the device's time then (the device's reading less
     /// the others'). Beside a neighbour at its cap the unthrottled rate reads 4 to 15% low on
     /// an H100 (runs 25 to 33: the neighbour's contexts take more time beside unthrottled work
-    /// than the pause reads), while the own time came within 3% there (run 33: 18.5k blocks/s
-    /// in 22 points of the device's time, solo 82.2k). It is used only where the container's
-    /// share is large enough to read and the device not saturated, and raises the rate by
-    /// [`OWN_TIME_RAISE_POINTS`] of the limit at most: on a GPU whose reading curves up more
-    /// steeply at low load, or beside a neighbour whose rate moved between the metered steps and
-    /// the pause, it reads high.
+    /// than the pause reads), while the own time came within 4% there (run 33: 18.5k blocks/s
+    /// at the cap, the device at 43% and the neighbour alone at about 21%, so 84k against a
+    /// solo 81.2k; runs 34 and 35 in docs/gpu-results.md). It is used only where the
+    /// container's share is large enough to read and the device not saturated, and raises the
+    /// rate by [`OWN_TIME_RAISE_POINTS`] of the limit at most: on a GPU whose reading curves up
+    /// more steeply at low load, or beside a neighbour whose rate moved between the metered
+    /// steps and the pause, it reads high.
     fn solo_rate(&self, others: f64, unthrottled: f64) -> f64 {
         match self.before_pause {
             Some((device, launched)) if device < SATURATED && device - others >= OWN_TIME_MIN => {
