@@ -220,6 +220,11 @@ impl<const N: usize> Latest<N> {
     fn full(&self) -> bool {
         self.count == N
     }
+
+    /// The mean of all `N` (the empty places read 0 until [`Latest::full`]).
+    fn mean(&self) -> f64 {
+        self.values.iter().sum::<f64>() / N as f64
+    }
 }
 
 /// What NVML read of the work held at the cap after a measurement, against which the time
@@ -275,7 +280,7 @@ impl TimeRef {
     /// [`TIME_SLACK`] and the spread of its readings: more than NVML's noise (the spread of 10
     /// readings alone, as the slack, still took noise of ± 4 points for a rise now and then).
     fn costlier(&self) -> bool {
-        let latest = self.latest.values.iter().sum::<f64>() / COSTLIER_READINGS as f64;
+        let latest = self.latest.mean();
         let slack = TIME_SLACK + (self.highest - self.lowest);
         self.complete()
             && self.latest.full()
@@ -947,28 +952,21 @@ impl Controller {
     /// Keeps the device's last readings for [`Controller::device_steady`], and what the
     /// container launched meanwhile for [`Controller::steady_reading`].
     fn watch_device(&mut self, steps: u32, s: &Sample, launched: f64) {
-        match s.device_util {
-            Some(d) => {
-                if steps == 0 {
-                    self.recent = Latest::NONE;
-                    self.recent_launched = Latest::NONE;
-                }
-                self.recent.push(d);
-                self.recent_launched.push(launched);
-            }
-            None => {
-                self.recent = Latest::NONE;
-                self.recent_launched = Latest::NONE;
-            }
+        if steps == 0 || s.device_util.is_none() {
+            self.recent = Latest::NONE;
+            self.recent_launched = Latest::NONE;
+        }
+        if let Some(d) = s.device_util {
+            self.recent.push(d);
+            self.recent_launched.push(launched);
         }
     }
 
     /// The device's mean reading (0..=1) over the last metered steps, and the container's
     /// launches per second in them, if the device read steadily.
     fn steady_reading(&self) -> Option<(f64, f64)> {
-        let mean = |l: &Latest<RECENT>| l.values.iter().sum::<f64>() / RECENT as f64;
         self.device_steady()
-            .then(|| (mean(&self.recent) / 100.0, mean(&self.recent_launched)))
+            .then(|| (self.recent.mean() / 100.0, self.recent_launched.mean()))
     }
 
     /// The container's own share of the device's time in percent: NVML's reading of its
